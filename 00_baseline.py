@@ -1,0 +1,41 @@
+"""The ground truth: the whole MLP trained in one process, no pipeline.
+
+    python 00_baseline.py
+
+Every pipelined script must reproduce this script's gradients and losses.
+
+    one process  F (all layers, whole batch)  B
+"""
+
+import torch
+import torch.nn.functional as F
+
+from common import build_stage, dump, get_batch, log_step, parse_args, record, report, setup, timed_step
+
+args = parse_args(__doc__, one_process=True)
+rank, world_size, device = setup(args)
+model = build_stage(args, rank, world_size, device)  # in a world of one, the only stage is the whole model
+optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+
+
+def train_step(inputs, labels):
+    """Forward the whole batch through the whole model, then backward."""
+    with record("forward", 0):
+        # sum / batch_size is the batch mean; the pipelines add up per-micro-batch shares of it
+        loss = F.cross_entropy(model(inputs), labels, reduction="sum") / args.batch_size
+    with record("backward", 0):
+        loss.backward()
+    return loss.detach()
+
+
+for step in range(args.steps):
+    inputs, labels = get_batch(args, step, device)
+    with timed_step(step):
+        optimizer.zero_grad()
+        loss = train_step(inputs, labels)
+        if step == 0:
+            dump(args.dump_grads, {name: param.grad for name, param in model.named_parameters()})
+        optimizer.step()
+    log_step(step, loss)
+dump(args.dump_params, dict(model.named_parameters()))
+report(args, expected_inflight=lambda rank: 1)

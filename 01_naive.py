@@ -1,0 +1,77 @@
+"""Naive pipeline parallelism: each rank holds one stage of the MLP; the whole batch goes
+forward stage by stage, then its gradient comes back (stop-and-wait).
+
+    torchrun --nproc_per_node=4 01_naive.py
+
+Only one rank works at a time; the others wait (the bubble: (n - 1) / n of the step).
+
+    rank 0  F0                   B0
+    rank 1     F0             B0
+    rank 2        F0       B0
+    rank 3           F0 B0
+"""
+
+import torch
+import torch.nn.functional as F
+
+from common import (build_stage, dump, get_batch, log_step, parse_args, record, recv_backward, recv_forward,
+                    report, send_backward, send_forward, setup, timed_step)
+
+args = parse_args(__doc__)
+rank, world_size, device = setup(args)
+stage = build_stage(args, rank, world_size, device)  # this rank's layers only
+optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
+
+
+def forward_step(micro_batch, input_tensor, inputs, labels):
+    """This stage's forward; on the last stage, the loss."""
+    with record("forward", micro_batch):
+        output_tensor = stage(inputs if stage.is_first else input_tensor)
+        if stage.is_last:
+            # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
+            output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
+    return output_tensor
+
+
+def backward_step(micro_batch, input_tensor, output_tensor, grad_output):
+    """Backpropagate through this stage; return the gradient for the previous stage."""
+    with record("backward", micro_batch):
+        torch.autograd.backward(output_tensor, grad_tensors=grad_output)  # grad_output is None for the loss
+    return None if input_tensor is None else input_tensor.grad
+
+
+def train_step(inputs, labels):
+    """Stop-and-wait: the whole batch is one micro-batch."""
+    micro_batches = [(inputs, labels)]
+    shapes = [micro_inputs.shape for micro_inputs, _ in micro_batches]  # what each receive expects
+    input_tensors, output_tensors, losses = [], [], []  # stashed for backward
+
+    def forward(i, input_tensor):
+        output_tensor = forward_step(i, input_tensor, *micro_batches[i])
+        input_tensors.append(input_tensor)
+        output_tensors.append(output_tensor)
+        if stage.is_last:
+            losses.append(output_tensor.detach())
+        return output_tensor
+
+    def backward(i, grad_output):
+        return backward_step(i, input_tensors.pop(), output_tensors.pop(), grad_output)
+
+    input_tensor = recv_forward(0, shapes[0])  # None on the first stage
+    send_forward(0, forward(0, input_tensor))  # nothing to send from the last stage
+    grad_output = recv_backward(0, shapes[0])  # None on the last stage
+    send_backward(0, backward(0, grad_output))  # nothing to send from the first stage
+    return sum(losses) if stage.is_last else None
+
+
+for step in range(args.steps):
+    inputs, labels = get_batch(args, step, device)
+    with timed_step(step):
+        optimizer.zero_grad()
+        loss = train_step(inputs, labels)
+        if step == 0:
+            dump(args.dump_grads, {name: param.grad for name, param in stage.named_parameters()})
+        optimizer.step()
+    log_step(step, loss)
+dump(args.dump_params, dict(stage.named_parameters()))
+report(args, expected_inflight=lambda rank: 1)

@@ -1,0 +1,100 @@
+"""1F1B (PipeDream-Flush): after a short warm-up of forwards, each stage alternates one
+forward with one backward, so a micro-batch's activations are freed as soon as possible.
+
+    torchrun --nproc_per_node=4 03_1f1b.py
+
+The bubble is GPipe's, (n - 1) / (m + n - 1), but stage r keeps at most min(n - r, m)
+micro-batches' activations instead of m: warm-up, steady state, cool-down.
+
+    rank 0  F0 F1 F2 F3          B0 F4 B1 F5 B2 F6 B3 F7 B4    B5    B6    B7
+    rank 1     F0 F1 F2       B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5    B6    B7
+    rank 2        F0 F1    B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6    B7
+    rank 3           F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7
+"""
+
+import torch
+import torch.nn.functional as F
+
+from common import (build_stage, dump, get_batch, log_step, parse_args, record, recv_backward, recv_forward,
+                    report, send_backward, send_backward_recv_forward, send_forward, send_forward_recv_backward, setup,
+                    timed_step)
+
+args = parse_args(__doc__, micro_batches=True)
+rank, world_size, device = setup(args)
+stage = build_stage(args, rank, world_size, device)  # this rank's layers only
+optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
+
+
+def forward_step(micro_batch, input_tensor, inputs, labels):
+    """This stage's forward; on the last stage, the loss."""
+    with record("forward", micro_batch):
+        output_tensor = stage(inputs if stage.is_first else input_tensor)
+        if stage.is_last:
+            # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
+            output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
+    return output_tensor
+
+
+def backward_step(micro_batch, input_tensor, output_tensor, grad_output):
+    """Backpropagate through this stage; return the gradient for the previous stage."""
+    with record("backward", micro_batch):
+        torch.autograd.backward(output_tensor, grad_tensors=grad_output)  # grad_output is None for the loss
+    return None if input_tensor is None else input_tensor.grad
+
+
+def train_step(inputs, labels):
+    """1F1B: warm-up forwards, then one forward and one backward in turn, then cool-down backwards."""
+    micro_batches = list(zip(inputs.tensor_split(args.micro_batches), labels.tensor_split(args.micro_batches)))
+    shapes = [micro_inputs.shape for micro_inputs, _ in micro_batches]  # what each receive expects
+    input_tensors, output_tensors, losses = [], [], []  # stashed for backward, oldest first
+
+    def forward(i, input_tensor):
+        output_tensor = forward_step(i, input_tensor, *micro_batches[i])
+        input_tensors.append(input_tensor)
+        output_tensors.append(output_tensor)
+        if stage.is_last:
+            losses.append(output_tensor.detach())
+        return output_tensor
+
+    def backward(i, grad_output):
+        return backward_step(i, input_tensors.pop(0), output_tensors.pop(0), grad_output)
+
+    # Stage r runs n - r - 1 forwards ahead of its first backward (all of them if m is smaller).
+    num_warmup_microbatches = min(world_size - rank - 1, args.micro_batches)
+    num_microbatches_remaining = args.micro_batches - num_warmup_microbatches
+
+    for i in range(num_warmup_microbatches):  # warm-up: forwards only
+        input_tensor = recv_forward(i, shapes[i])  # None on the first stage
+        send_forward(i, forward(i, input_tensor))  # nothing to send from the last stage
+
+    if num_microbatches_remaining > 0:
+        input_tensor = recv_forward(num_warmup_microbatches, shapes[num_warmup_microbatches])
+    for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
+        j = num_warmup_microbatches + i
+        output_tensor = forward(j, input_tensor)
+        # Each send is posted together with the receive the neighbour sends back: as two
+        # blocking calls, both neighbours would sit in their sends, each waiting for the other.
+        grad_output = send_forward_recv_backward(i, output_tensor, shapes[i])
+        grad_input = backward(i, grad_output)
+        if j + 1 < args.micro_batches:
+            input_tensor = send_backward_recv_forward(j + 1, grad_input, shapes[j + 1])
+        else:
+            send_backward(i, grad_input)
+
+    for i in range(num_microbatches_remaining, args.micro_batches):  # cool-down: backwards only
+        grad_output = recv_backward(i, shapes[i])  # None on the last stage
+        send_backward(i, backward(i, grad_output))  # nothing to send from the first stage
+    return sum(losses) if stage.is_last else None
+
+
+for step in range(args.steps):
+    inputs, labels = get_batch(args, step, device)
+    with timed_step(step):
+        optimizer.zero_grad()
+        loss = train_step(inputs, labels)
+        if step == 0:
+            dump(args.dump_grads, {name: param.grad for name, param in stage.named_parameters()})
+        optimizer.step()
+    log_step(step, loss)
+dump(args.dump_params, dict(stage.named_parameters()))
+report(args, expected_inflight=lambda rank: min(world_size - rank, args.micro_batches))
