@@ -191,9 +191,18 @@ def _excepthook(kind, error, traceback):
 
 
 def finish():
-    """Leave the process group cleanly once every rank is done (no half-torn-down gloo threads at exit)."""
+    """Leave once every rank is done, skipping the interpreter's teardown.
+
+    Gloo's worker threads can outlive destroy_process_group (the first optimizer step
+    imports torch._dynamo, which keeps a reference to the group). A worker that drops a
+    finished collective's tensors after the interpreter has begun tearing down cannot take
+    the GIL and aborts the process: "terminate called without an active exception".
+    """
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ----------------------------------------------------------------------------- model
@@ -322,13 +331,21 @@ def send_backward_recv_forward(micro_batch, grad_input, shape):
 def _p2p(name, micro_batch, peer, send=None, recv_shape=None):
     operations, received = [], None
     if send is not None:
-        operations.append(dist.P2POp(dist.isend, send.detach(), peer))
+        operations.append((dist.isend, send.detach()))
     if recv_shape is not None:
         received = torch.empty(recv_shape, dtype=_dtype, device=_device)
-        operations.append(dist.P2POp(dist.irecv, received, peer))
+        operations.append((dist.irecv, received))
+    if _device.type == "cuda":
+        # NCCL runs two ranks' sends and receives in order on one stream: a send and a
+        # receive that must overlap are launched as one group.
+        requests = dist.batch_isend_irecv([dist.P2POp(op, tensor, peer) for op, tensor in operations])
+    else:
+        # Gloo's are independent (and batch_isend_irecv would keep gloo's process group,
+        # and its worker threads, alive past destroy_process_group into interpreter exit).
+        requests = [op(tensor, peer) for op, tensor in operations]
     with record("wait", micro_batch):
         try:
-            for request in dist.batch_isend_irecv(operations):
+            for request in requests:
                 request.wait(datetime.timedelta(seconds=_timeout))
         except RuntimeError as error:
             raise PipelineError(f"rank {_rank} gave up in {name} (micro-batch {micro_batch}) waiting for rank {peer} "
@@ -416,7 +433,8 @@ def log_step(step, loss):
 
 
 def report(args, expected_inflight):
-    """Gather every rank's measurements on rank 0; print the timeline, the table and the JSON line.
+    """Gather every rank's measurements on rank 0, print the timeline, the table and the JSON
+    line, and end the run.
 
     expected_inflight(rank): how many micro-batches the schedule keeps alive on that rank.
     """

@@ -1,0 +1,94 @@
+"""Every pipelined run gives the baseline's gradients, losses and parameters.
+
+The baseline (00) runs in the same session; nothing is compared against stored numbers.
+"""
+
+import pytest
+import torch
+
+# 7 layers: not divisible by 2, 3 or 4 ranks. 10 samples: 3, 4 and 7 micro-batches do not divide it.
+SIZE = ("--layers", "7", "--hidden", "24", "--batch-size", "10", "--steps", "3", "--threads", "1",
+        "--lr", "0.01", "--dtype", "float64")
+EXACT = 1e-10  # float64: max|g - g_ref| <= EXACT * max|g_ref|, per tensor
+
+# (world size, micro-batches): 1, fewer than the stages, as many, more, and counts that do not divide 10
+MATRIX = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3), (3, 4), (4, 1), (4, 3), (4, 4), (4, 7),
+          (4, 10)]
+CASES = [("01_naive.py", world, 1) for world in (1, 2, 3, 4)] + [
+    (script, world, m) for script in ("02_gpipe.py", "03_1f1b.py") for world, m in MATRIX]
+
+
+def pipelined(runs, script, world, micro_batches, size=SIZE):
+    flags = size if script == "01_naive.py" else size + ("--micro-batches", str(micro_batches))
+    return runs(script, world, *flags)
+
+
+def assert_close(tensors, reference, tolerance, what):
+    assert sorted(tensors) == sorted(reference), f"{what}: parameter names differ"
+    for name, ref in reference.items():
+        error = (tensors[name] - ref).abs().max().item()
+        assert error <= tolerance * ref.abs().max().item(), f"{what}: {name} is off by {error:.3g}"
+
+
+@pytest.fixture(scope="module")
+def baseline(runs):
+    return runs("00_baseline.py", 0, *SIZE)
+
+
+@pytest.mark.parametrize("script,world,micro_batches", CASES)
+def test_matches_baseline(runs, baseline, script, world, micro_batches):
+    run = pipelined(runs, script, world, micro_batches)
+    assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
+    assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
+    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
+    assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
+    # together the ranks' files hold every parameter exactly once
+    names = [name for rank_names in run.grad_files for name in rank_names]
+    assert sorted(names) == sorted(baseline.grads) and len(run.grad_files) == world
+
+
+def test_naive_is_bitwise_the_baseline(runs, baseline):
+    run = pipelined(runs, "01_naive.py", 4, 1)
+    for name, ref in baseline.grads.items():
+        assert torch.equal(run.grads[name], ref), name
+    assert run.summary["losses"] == baseline.summary["losses"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gpipe_with_one_micro_batch_is_bitwise_naive(runs, world):
+    naive, gpipe = pipelined(runs, "01_naive.py", world, 1), pipelined(runs, "02_gpipe.py", world, 1)
+    for name, ref in naive.grads.items():
+        assert torch.equal(gpipe.grads[name], ref), name
+    assert gpipe.summary["losses"] == naive.summary["losses"]
+
+
+def test_without_torchrun_is_a_world_of_one(runs, baseline):
+    run = runs("03_1f1b.py", 0, *SIZE, "--micro-batches", "3")
+    assert run.summary["world_size"] == 1
+    assert_close(run.grads, baseline.grads, EXACT, "gradients")
+
+
+def test_float32(runs):
+    size = tuple(flag if flag != "float64" else "float32" for flag in SIZE)
+    baseline = runs("00_baseline.py", 0, *size)
+    for script in ("02_gpipe.py", "03_1f1b.py"):
+        run = pipelined(runs, script, 4, 3, size)
+        assert_close(run.grads, baseline.grads, 1e-5, f"{script} float32 gradients")
+
+
+def test_the_check_catches_an_unscaled_loss(runs, baseline):
+    """Without the loss scaling, m micro-batches give m times the gradient: the tolerance must see it."""
+    run = pipelined(runs, "02_gpipe.py", 2, 2)
+    with pytest.raises(AssertionError):
+        assert_close({name: 2 * grad for name, grad in run.grads.items()}, baseline.grads, EXACT, "unscaled")
+    with pytest.raises(AssertionError):  # even a last-bits-only mistake in one tensor
+        off = dict(run.grads, **{"head.bias": run.grads["head.bias"] * (1 + 1e-8)})
+        assert_close(off, baseline.grads, EXACT, "perturbed")
+
+
+def test_default_run_learns(runs):
+    """The default task and sizes: the loss really falls (not stuck at ln(10) = 2.30)."""
+    run = runs("03_1f1b.py", 4)
+    losses = run.summary["losses"]
+    assert run.summary["layers"] == 16 and run.summary["num_microbatches"] == 8
+    assert sum(losses[-5:]) / 5 < 0.5 * losses[0], losses
