@@ -109,6 +109,7 @@ def setup(args):
     """Join the process group torchrun describes (a world of one without torchrun)."""
     global _rank, _world_size, _device, _dtype, _timeout
     sys.excepthook = _excepthook
+    _pin_to_cores(args.threads)
     torch.set_num_threads(args.threads)
     _dtype, _timeout = DTYPES[args.dtype], args.timeout
     _recorder.enabled = not args.no_instrument
@@ -129,6 +130,14 @@ def setup(args):
     _check_same_flags(args)
     _sync_clock()
     return _rank, _world_size, _device
+
+
+def _pin_to_cores(threads):
+    """Give each rank on this host its own cores, so ranks do not take turns on the same ones."""
+    cores = sorted(os.sched_getaffinity(0))
+    local_rank, local_world_size = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if local_world_size * threads <= len(cores):
+        os.sched_setaffinity(0, cores[local_rank * threads:(local_rank + 1) * threads])
 
 
 def _check_same_flags(args):
@@ -530,10 +539,10 @@ def _timeline(args, spans):
     width = max(40, shutil.get_terminal_size().columns - 10)
     lines = [f"timeline of step {args.steps - 1} ({1e3 * length:.1f} ms; F forward, B backward, blank idle):"]
     for rank, r in enumerate(rows):
-        line = [" "] * width
-        for _, kind, micro_batch, begin, end in r.tolist():
-            first = int((begin - start) / length * (width - 1))
-            last = max(first + 1, int(round((end - start) / length * (width - 1))))
+        line, taken = [" "] * width, 0
+        for _, kind, micro_batch, begin, end in sorted(r.tolist(), key=lambda span: span[3]):
+            first = max(taken, int((begin - start) / length * width))  # never draw over the previous span
+            last = taken = min(width, max(first + 1, round((end - start) / length * width)))
             text = ("F" if kind == 0 else "B") + str(int(micro_batch))
             text = (text + ("-" if kind == 0 else "=") * width)[: last - first]
             line[first:last] = text

@@ -11,11 +11,11 @@ SIZE = ("--layers", "7", "--hidden", "24", "--batch-size", "10", "--steps", "3",
         "--lr", "0.01", "--dtype", "float64")
 EXACT = 1e-10  # float64: max|g - g_ref| <= EXACT * max|g_ref|, per tensor
 
-# (world size, micro-batches): 1, fewer than the stages, as many, more, and counts that do not divide 10
-MATRIX = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3), (3, 4), (4, 1), (4, 3), (4, 4), (4, 7),
-          (4, 10)]
-CASES = [("01_naive.py", world, 1) for world in (1, 2, 3, 4)] + [
-    (script, world, m) for script in ("02_gpipe.py", "03_1f1b.py") for world, m in MATRIX]
+# (world size, micro-batches): one micro-batch, fewer than the stages, as many, more, and
+# counts that do not divide the 10 samples (3, 4, 7: micro-batches of unequal size).
+CASES = [("01_naive.py", world, 1) for world in (2, 3, 4)] + [
+    ("02_gpipe.py", world, m) for world, m in [(1, 3), (2, 1), (3, 2), (4, 4), (4, 7)]] + [
+    ("03_1f1b.py", world, m) for world, m in [(1, 3), (2, 3), (3, 1), (4, 2), (3, 4), (4, 4), (4, 7)]]
 
 
 def pipelined(runs, script, world, micro_batches, size=SIZE):
@@ -54,9 +54,8 @@ def test_naive_is_bitwise_the_baseline(runs, baseline):
     assert run.summary["losses"] == baseline.summary["losses"]
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_gpipe_with_one_micro_batch_is_bitwise_naive(runs, world):
-    naive, gpipe = pipelined(runs, "01_naive.py", world, 1), pipelined(runs, "02_gpipe.py", world, 1)
+def test_gpipe_with_one_micro_batch_is_bitwise_naive(runs):
+    naive, gpipe = pipelined(runs, "01_naive.py", 2, 1), pipelined(runs, "02_gpipe.py", 2, 1)
     for name, ref in naive.grads.items():
         assert torch.equal(gpipe.grads[name], ref), name
     assert gpipe.summary["losses"] == naive.summary["losses"]
@@ -71,9 +70,8 @@ def test_without_torchrun_is_a_world_of_one(runs, baseline):
 def test_float32(runs):
     size = tuple(flag if flag != "float64" else "float32" for flag in SIZE)
     baseline = runs("00_baseline.py", 0, *size)
-    for script in ("02_gpipe.py", "03_1f1b.py"):
-        run = pipelined(runs, script, 4, 3, size)
-        assert_close(run.grads, baseline.grads, 1e-5, f"{script} float32 gradients")
+    run = pipelined(runs, "03_1f1b.py", 4, 3, size)
+    assert_close(run.grads, baseline.grads, 1e-5, "float32 gradients")
 
 
 def test_the_check_catches_an_unscaled_loss(runs, baseline):
