@@ -14,8 +14,21 @@ Only one rank works at a time; the others wait (the bubble: (n - 1) / n of the s
 import torch
 import torch.nn.functional as F
 
-from common import (build_stage, dump, get_batch, log_step, parse_args, record, recv_backward, recv_forward,
-                    report, send_backward, send_forward, setup, timed_step)
+from common import (
+    build_stage,
+    dump,
+    get_batch,
+    log_step,
+    parse_args,
+    record,
+    recv_backward,
+    recv_forward,
+    report,
+    send_backward,
+    send_forward,
+    setup,
+    timed_step,
+)
 
 args = parse_args(__doc__)
 rank, world_size, device = setup(args)

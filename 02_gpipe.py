@@ -15,8 +15,21 @@ but every stage keeps all m micro-batches' activations until its backwards start
 import torch
 import torch.nn.functional as F
 
-from common import (build_stage, dump, get_batch, log_step, parse_args, record, recv_backward, recv_forward,
-                    report, send_backward, send_forward, setup, timed_step)
+from common import (
+    build_stage,
+    dump,
+    get_batch,
+    log_step,
+    parse_args,
+    record,
+    recv_backward,
+    recv_forward,
+    report,
+    send_backward,
+    send_forward,
+    setup,
+    timed_step,
+)
 
 args = parse_args(__doc__, micro_batches=True)
 rank, world_size, device = setup(args)

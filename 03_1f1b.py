@@ -15,9 +15,23 @@ micro-batches' activations instead of m: warm-up, steady state, cool-down.
 import torch
 import torch.nn.functional as F
 
-from common import (build_stage, dump, get_batch, log_step, parse_args, record, recv_backward, recv_forward,
-                    report, send_backward, send_backward_recv_forward, send_forward, send_forward_recv_backward, setup,
-                    timed_step)
+from common import (
+    build_stage,
+    dump,
+    get_batch,
+    log_step,
+    parse_args,
+    record,
+    recv_backward,
+    recv_forward,
+    report,
+    send_backward,
+    send_backward_recv_forward,
+    send_forward,
+    send_forward_recv_backward,
+    setup,
+    timed_step,
+)
 
 args = parse_args(__doc__, micro_batches=True)
 rank, world_size, device = setup(args)

@@ -49,13 +49,13 @@ def parse_args(doc, micro_batches=False, one_process=False):
     parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / ranks on this host)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds any rank waits on another before it gives up")
+    parser.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks on this host)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on another, then gives up")
     parser.add_argument("--json", action="store_true", help="print one JSON line with the run's measurements")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto, chrome://tracing) of the run")
     parser.add_argument("--dump-grads", metavar="DIR", help="write each rank's gradients after the first backward")
     parser.add_argument("--dump-params", metavar="DIR", help="write each rank's parameters after the last step")
-    parser.add_argument("--no-instrument", action="store_true", help="skip the timing and memory hooks (to measure their cost)")
+    parser.add_argument("--no-instrument", action="store_true", help="skip the timing and memory hooks (their cost)")
     args = parser.parse_args()
     if not micro_batches:
         args.micro_batches = 1  # the whole batch is one micro-batch
@@ -73,7 +73,8 @@ def parse_args(doc, micro_batches=False, one_process=False):
     if not 1 <= args.micro_batches <= args.batch_size:
         fail(f"--micro-batches must be between 1 and --batch-size ({args.batch_size}), not {args.micro_batches}.")
     if one_process and world_size > 1:
-        fail(f"{os.path.basename(sys.argv[0])} trains the whole model in one process: start it with python, not torchrun.")
+        script = os.path.basename(sys.argv[0])
+        fail(f"{script} trains the whole model in one process: start it with python {script}, not torchrun.")
     if world_size > args.layers:
         fail(f"{world_size} ranks cannot share {args.layers} layers: start at most {args.layers} ranks "
              f"or pass --layers {world_size} or more.")
@@ -103,12 +104,12 @@ def fail(message):
 
 _rank, _world_size, _device, _dtype, _timeout = 0, 1, torch.device("cpu"), torch.float32, 60.0
 _clock_offset = 0.0  # added to time.perf_counter() to read rank 0's clock
+_torch_excepthook = sys.excepthook
 
 
 def setup(args):
     """Join the process group torchrun describes (a world of one without torchrun)."""
-    global _rank, _world_size, _device, _dtype, _timeout
-    sys.excepthook = _excepthook
+    global _rank, _world_size, _device, _dtype, _timeout, _torch_excepthook
     _pin_to_cores(args.threads)
     torch.set_num_threads(args.threads)
     _dtype, _timeout = DTYPES[args.dtype], args.timeout
@@ -116,7 +117,7 @@ def setup(args):
     timeout = datetime.timedelta(seconds=args.timeout)
     if "RANK" not in os.environ:
         script = os.path.basename(sys.argv[0])
-        if not args.json and script[:2] != "00":
+        if script[:2] != "00":
             print(f"note: started without torchrun, so this is a world of one; for four stages run "
                   f"torchrun --nproc_per_node=4 {script}", file=sys.stderr)
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
@@ -127,6 +128,7 @@ def setup(args):
     else:
         dist.init_process_group("gloo", timeout=timeout)
     _rank, _world_size = dist.get_rank(), dist.get_world_size()
+    _torch_excepthook, sys.excepthook = sys.excepthook, _excepthook  # after init_process_group, which sets its own
     _check_same_flags(args)
     _sync_clock()
     return _rank, _world_size, _device
@@ -191,12 +193,13 @@ def _now():
 
 
 def _excepthook(kind, error, traceback):
+    """A PipelineError is one sentence; anything else is a bug, shown with torch's [rankN] traceback."""
     if issubclass(kind, PipelineError):
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        print(f"error: {error}", file=sys.__stderr__, flush=True)
         os._exit(1)
     if issubclass(kind, KeyboardInterrupt):
         os._exit(130)
-    sys.__excepthook__(kind, error, traceback)
+    _torch_excepthook(kind, error, traceback)
 
 
 def finish():
@@ -264,7 +267,8 @@ def _init_linear(linear, seed, layer, gain):
     # exactly the baseline's weights for its layers and never the others'.
     generator = torch.Generator().manual_seed(seed_for(seed, "layer", layer))
     fan_out, fan_in = linear.weight.shape
-    linear.weight.copy_(torch.randn(fan_out, fan_in, generator=generator, dtype=torch.float64) * math.sqrt(gain / fan_in))
+    weight = torch.randn(fan_out, fan_in, generator=generator, dtype=torch.float64) * math.sqrt(gain / fan_in)
+    linear.weight.copy_(weight)
     linear.bias.zero_()
 
 
@@ -277,7 +281,8 @@ def build_stage(args, rank, world_size, device):
 def get_batch(args, step, device):
     """The step's batch, a function of (--seed, step) alone: noisy samples around one
     fixed centre per class, a task the MLP learns in a few dozen steps."""
-    centres = torch.randn(NUM_CLASSES, args.hidden, generator=torch.Generator().manual_seed(seed_for(args.seed, "centres")))
+    centres_generator = torch.Generator().manual_seed(seed_for(args.seed, "centres"))
+    centres = torch.randn(NUM_CLASSES, args.hidden, generator=centres_generator)
     generator = torch.Generator().manual_seed(seed_for(args.seed, "batch", step))
     labels = torch.randint(NUM_CLASSES, (args.batch_size,), generator=generator)
     inputs = centres[labels] + torch.randn(args.batch_size, args.hidden, generator=generator)
@@ -288,7 +293,8 @@ def dump(directory, tensors):
     """Write {name: tensor} to directory/rank{R}.pt (nothing without the flag)."""
     if directory:
         os.makedirs(directory, exist_ok=True)
-        torch.save({name: tensor.detach().cpu() for name, tensor in tensors.items()}, os.path.join(directory, f"rank{_rank}.pt"))
+        tensors = {name: tensor.detach().cpu() for name, tensor in tensors.items()}
+        torch.save(tensors, os.path.join(directory, f"rank{_rank}.pt"))
 
 
 # ----------------------------------------------------------------------------- point-to-point
@@ -334,7 +340,8 @@ def send_backward_recv_forward(micro_batch, grad_input, shape):
     """send_backward, and recv_forward of micro_batch, posted together so neither waits for the other."""
     if _rank == 0:
         return None
-    return _p2p("send_backward_recv_forward", micro_batch, _rank - 1, send=grad_input, recv_shape=shape).requires_grad_()
+    received = _p2p("send_backward_recv_forward", micro_batch, _rank - 1, send=grad_input, recv_shape=shape)
+    return received.requires_grad_()
 
 
 def _p2p(name, micro_batch, peer, send=None, recv_shape=None):
@@ -358,7 +365,8 @@ def _p2p(name, micro_batch, peer, send=None, recv_shape=None):
                 request.wait(datetime.timedelta(seconds=_timeout))
         except RuntimeError as error:
             raise PipelineError(f"rank {_rank} gave up in {name} (micro-batch {micro_batch}) waiting for rank {peer} "
-                                f"({str(error).splitlines()[0]}); raise --timeout if rank {peer} is just slow") from None
+                                f"({str(error).splitlines()[0]}); rank {peer} may be stuck, dead or itself waiting, "
+                                f"or just slower than --timeout") from None
     return received
 
 
@@ -482,7 +490,8 @@ def _summarize(args, spans, steps, losses, stats, expected_inflight):
     n, m = _world_size, args.micro_batches
     # The first step pays for warm-up (allocations, thread pools); measure the rest.
     measured = list(range(1, args.steps)) if args.steps > 1 else [0]
-    step_ms = [1e3 * (max(float(s[step, 2]) for s in steps) - min(float(s[step, 1]) for s in steps)) for step in measured]
+    step_ms = [1e3 * (max(float(s[step, 2]) for s in steps) - min(float(s[step, 1]) for s in steps))
+               for step in measured]
     summary = {
         "script": os.path.basename(sys.argv[0]), "world_size": n, "num_microbatches": m,
         "batch_size": args.batch_size, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+# 7 layers: not divisible by 2, 3 or 4 ranks. 10 samples: 3, 4 and 7 micro-batches do not divide it.
+SIZE = ("--layers", "7", "--hidden", "24", "--batch-size", "10", "--steps", "3", "--threads", "1",
+        "--lr", "0.01", "--dtype", "float64")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
 
@@ -66,3 +69,9 @@ def runs(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+def pipelined(runs, script, world, micro_batches, size=SIZE):
+    """A memoized run of a numbered script (01 takes no --micro-batches)."""
+    flags = size if script == "01_naive.py" else size + ("--micro-batches", str(micro_batches))
+    return runs(script, world, *flags)

@@ -6,9 +6,8 @@ The baseline (00) runs in the same session; nothing is compared against stored n
 import pytest
 import torch
 
-# 7 layers: not divisible by 2, 3 or 4 ranks. 10 samples: 3, 4 and 7 micro-batches do not divide it.
-SIZE = ("--layers", "7", "--hidden", "24", "--batch-size", "10", "--steps", "3", "--threads", "1",
-        "--lr", "0.01", "--dtype", "float64")
+from conftest import SIZE, pipelined
+
 EXACT = 1e-10  # float64: max|g - g_ref| <= EXACT * max|g_ref|, per tensor
 
 # (world size, micro-batches): one micro-batch, fewer than the stages, as many, more, and
@@ -16,11 +15,6 @@ EXACT = 1e-10  # float64: max|g - g_ref| <= EXACT * max|g_ref|, per tensor
 CASES = [("01_naive.py", world, 1) for world in (2, 3, 4)] + [
     ("02_gpipe.py", world, m) for world, m in [(1, 3), (2, 1), (3, 2), (4, 4), (4, 7)]] + [
     ("03_1f1b.py", world, m) for world, m in [(1, 3), (2, 3), (3, 1), (4, 2), (3, 4), (4, 4), (4, 7)]]
-
-
-def pipelined(runs, script, world, micro_batches, size=SIZE):
-    flags = size if script == "01_naive.py" else size + ("--micro-batches", str(micro_batches))
-    return runs(script, world, *flags)
 
 
 def assert_close(tensors, reference, tolerance, what):

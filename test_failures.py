@@ -1,0 +1,164 @@
+"""Bad input, mismatched ranks, dead and stuck ranks: one sentence, a non-zero exit, in
+bounded time, nothing left running. And the same flags always give the same losses,
+on one node or two."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ENV, HERE, SIZE, pipelined, torchrun
+
+
+def run_quietly(command, timeout=60):
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=HERE, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def assert_one_sentence(result, *words):
+    """Our processes say one `error:` line and no traceback (torchrun may add its own report after it)."""
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+    assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("flags,words", [
+    (("--micro-batches", "0"), ("--micro-batches", "between 1 and")),
+    (("--micro-batches", "65"), ("--micro-batches", "64")),
+    (("--layers", "0"), ("--layers",)),
+    (("--steps", "-2"), ("--steps",)),
+    (("--lr", "0"), ("--lr",)),
+    (("--dtype", "float16"), ("--dtype", "float16")),
+    (("--hidden", "wide"), ("--hidden", "wide")),
+    (("--micro-batchs", "4"), ("--micro-batchs",)),
+])
+def test_bad_flag(flags, words):
+    result, seconds = run_quietly([sys.executable, "03_1f1b.py", *flags])
+    assert_one_sentence(result, *words)
+    assert seconds < 30
+
+
+def test_more_ranks_than_layers():
+    result, seconds = run_quietly(torchrun(4, "02_gpipe.py", "--layers", "3"))
+    assert_one_sentence(result, "4 ranks", "3 layers")
+    assert seconds < 30
+
+
+def test_baseline_refuses_torchrun():
+    result, _ = run_quietly(torchrun(2, "00_baseline.py"))
+    assert_one_sentence(result, "python")
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def two_nodes(script, flags_node0, flags_node1, timeout=120):
+    """Two torchrun invocations of two ranks each, as on two machines, meeting on 127.0.0.1."""
+    port = free_port()
+    nodes = [subprocess.Popen(torchrun(2, script, *flags, nnodes_flags=[
+        "--nnodes=2", f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}"]),
+        cwd=HERE, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node, flags in enumerate((flags_node0, flags_node1))]
+    outputs = [node.communicate(timeout=timeout) for node in nodes]
+    return [(node.returncode, *output) for node, output in zip(nodes, outputs)]
+
+
+def test_two_nodes_train_like_one(runs, tmp_path):
+    flags = SIZE + ("--micro-batches", "4", "--json")
+    (code0, out0, err0), (code1, _, err1) = two_nodes("03_1f1b.py", flags, flags)
+    assert code0 == code1 == 0, err0 + err1
+    summary = [line for line in out0.splitlines() if line.startswith("{")]
+    two = json.loads(summary[0])
+    one = pipelined(runs, "03_1f1b.py", 4, 4).summary
+    assert two["world_size"] == 4 and two["losses"] == one["losses"]
+
+
+def test_ranks_with_different_flags():
+    (code0, _, err0), (code1, _, err1) = two_nodes(
+        "02_gpipe.py", SIZE + ("--micro-batches", "4"), SIZE + ("--micro-batches", "4", "--hidden", "32"))
+    assert code0 != 0 and code1 != 0
+    errors = [line for line in (err0 + err1).splitlines() if line.startswith("error:")]
+    assert errors and all("--hidden on ranks 2, 3" in line for line in errors), err0 + err1
+
+
+def test_same_flags_same_losses(runs):
+    first = pipelined(runs, "03_1f1b.py", 4, 7).summary["losses"]
+    result, _ = run_quietly(torchrun(4, "03_1f1b.py", *SIZE, "--micro-batches", "7", "--json"))
+    again = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert json.loads(again[0])["losses"] == first
+
+
+def ranks_of(launcher):
+    """{rank: pid} of the workers a torchrun process started."""
+    children = {}
+    for pid in subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split():
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            env = dict(item.split(b"=", 1) for item in file.read().split(b"\0") if b"=" in item)
+        children[int(env[b"RANK"])] = int(pid)
+    return children
+
+
+def start_training(marker, *flags):
+    """A long run; returns once every rank has started stepping."""
+    launcher = subprocess.Popen(torchrun(4, "03_1f1b.py", *SIZE, "--steps", "100000", "--trace", marker, *flags),
+                                cwd=HERE, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "step" in launcher.stdout.readline()
+    return launcher
+
+
+def leftovers(marker):
+    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    return [pid for pid in found if int(pid) != os.getpid()]
+
+
+def test_killed_rank_stops_everyone(tmp_path):
+    marker = str(tmp_path / "killed.json")
+    launcher = start_training(marker, "--timeout", "20")
+    os.kill(ranks_of(launcher)[2], signal.SIGKILL)
+    started = time.monotonic()
+    launcher.communicate(timeout=60)
+    assert launcher.returncode != 0 and time.monotonic() - started < 20
+    time.sleep(1)
+    assert leftovers(marker) == []
+
+
+def test_stuck_rank_times_out(tmp_path):
+    """A rank that stops answering: its neighbours give up after --timeout and say whom they waited for."""
+    marker = str(tmp_path / "stuck.json")
+    launcher = start_training(marker, "--timeout", "3")
+    stuck = ranks_of(launcher)[2]
+    os.kill(stuck, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        line = launcher.stderr.readline()
+        while line and not line.startswith("error:"):
+            line = launcher.stderr.readline()
+        waited = time.monotonic() - started
+    finally:  # torchrun would give a stopped process 30 s to answer its SIGTERM
+        os.kill(stuck, signal.SIGKILL)
+    launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    # whoever times out first speaks: rank 1 or 3 waiting for rank 2, or rank 0 waiting for rank 1
+    match = re.match(r"error: rank (\d) gave up in (\w+) \(micro-batch \d+\) waiting for rank (\d)", line)
+    assert match and abs(int(match[1]) - int(match[3])) == 1, line
+    assert 3 <= waited < 20
+    time.sleep(1)
+    assert leftovers(marker) == []
+
+
+def test_without_torchrun_says_how_to_start_ranks(runs):
+    run = runs("03_1f1b.py", 0, *SIZE, "--micro-batches", "3")
+    assert "torchrun --nproc_per_node=4 03_1f1b.py" in run.stderr
