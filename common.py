@@ -83,6 +83,11 @@ def parse_args(doc, micro_batches=False, one_process=False):
              "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on the CPU.")
     if args.trace and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
         fail(f"--trace {args.trace}: its folder does not exist.")
+    if args.trace and args.no_instrument:
+        fail("--trace needs the spans that --no-instrument turns off: pass one or the other.")
+    for flag in ("dump_grads", "dump_params"):
+        if getattr(args, flag) and os.path.exists(getattr(args, flag)) and not os.path.isdir(getattr(args, flag)):
+            fail(f"--{flag.replace('_', '-')} {getattr(args, flag)}: that is a file, not a folder.")
     return args
 
 
@@ -455,19 +460,18 @@ def report(args, expected_inflight):
 
     expected_inflight(rank): how many micro-batches the schedule keeps alive on that rank.
     """
-    stats = [_recorder.peak_bytes, torch.cuda.max_memory_allocated(_device) if _device.type == "cuda" else -1]
-    spans, steps, losses, stats = (_gather(rows, width) for rows, width in (
-        (_recorder.spans, 5), (_recorder.steps, 3), ([[loss] for loss in _recorder.losses], 1), ([stats], 2)))
+    memory = [_recorder.peak_bytes, torch.cuda.max_memory_allocated(_device) if _device.type == "cuda" else -1]
+    spans, steps, losses, memory = (_gather(rows, width) for rows, width in (
+        (_recorder.spans, 5), (_recorder.steps, 3), ([[loss] for loss in _recorder.losses], 1), ([memory], 2)))
     if _rank == 0:
-        summary = _summarize(args, spans, steps, losses[-1][:, 0].tolist(), stats, expected_inflight)
-        if args.trace:
-            _write_trace(args.trace, spans)
-        if summary["spans"]:
+        summary = _summarize(args, spans, steps, losses[-1][:, 0].tolist(), memory, expected_inflight)
+        if _recorder.enabled:
             print(_timeline(args, spans))
             print(_table(summary))
         else:
             print(f"step time (median) {summary['step_ms_median']:.1f} ms")
-        del summary["spans"]
+        if args.trace:
+            _write_trace(args.trace, spans)
         if args.json:
             print(json.dumps(summary), flush=True)
     finish()
@@ -486,7 +490,7 @@ def _gather(rows, width):
     return [theirs[: int(length)].cpu() for theirs, length in zip(everyone, lengths)]
 
 
-def _summarize(args, spans, steps, losses, stats, expected_inflight):
+def _summarize(args, spans, steps, losses, memory, expected_inflight):
     n, m = _world_size, args.micro_batches
     # The first step pays for warm-up (allocations, thread pools); measure the rest.
     measured = list(range(1, args.steps)) if args.steps > 1 else [0]
@@ -498,7 +502,6 @@ def _summarize(args, spans, steps, losses, stats, expected_inflight):
         "steps": args.steps, "threads": args.threads, "losses": losses,
         "step_ms_median": sorted(step_ms)[len(step_ms) // 2],
         "bubble_theory": (n - 1) / (m + n - 1),
-        "spans": bool(_recorder.enabled),
     }
     if not _recorder.enabled:
         return summary
@@ -521,11 +524,11 @@ def _summarize(args, spans, steps, losses, stats, expected_inflight):
         "idle_ms": [1e3 * i / len(measured) for i in idle],
         "peak_inflight_microbatches": inflight,
         "expected_inflight_microbatches": [expected_inflight(rank) for rank in range(n)],
-        "peak_activation_bytes": [int(s[0, 0]) for s in stats],
+        "peak_activation_bytes": [int(rank[0, 0]) for rank in memory],
         "stage_layers": [list(bounds) for bounds in partition(args.layers, n)],
     })
     if _device.type == "cuda":
-        summary["cuda_max_memory_allocated"] = [int(s[0, 1]) for s in stats]
+        summary["cuda_max_memory_allocated"] = [int(rank[0, 1]) for rank in memory]
     return summary
 
 

@@ -41,6 +41,9 @@ def assert_one_sentence(result, *words):
     (("--dtype", "float16"), ("--dtype", "float16")),
     (("--hidden", "wide"), ("--hidden", "wide")),
     (("--micro-batchs", "4"), ("--micro-batchs",)),
+    (("--trace", "run.json", "--no-instrument"), ("--trace", "--no-instrument")),
+    (("--dump-grads", "README.md"), ("--dump-grads", "not a folder")),
+    (("--trace", "no/such/folder/run.json"), ("--trace", "does not exist")),
 ])
 def test_bad_flag(flags, words):
     result, seconds = run_quietly([sys.executable, "03_1f1b.py", *flags])
