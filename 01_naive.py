@@ -28,6 +28,7 @@ from common import (
     send_forward,
     setup,
     timed_step,
+    wait_for_sends,
 )
 
 args = parse_args(__doc__)
@@ -74,6 +75,7 @@ def train_step(inputs, labels):
     send_forward(0, forward(0, input_tensor))  # nothing to send from the last stage
     grad_output = recv_backward(0, shapes[0])  # None on the last stage
     send_backward(0, backward(0, grad_output))  # nothing to send from the first stage
+    wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stage.is_last else None
 
 

@@ -29,6 +29,7 @@ from common import (
     send_forward,
     setup,
     timed_step,
+    wait_for_sends,
 )
 
 args = parse_args(__doc__, micro_batches=True)
@@ -77,6 +78,7 @@ def train_step(inputs, labels):
     for i in reversed(range(args.micro_batches)):
         grad_output = recv_backward(i, shapes[i])  # None on the last stage
         send_backward(i, backward(i, grad_output))  # nothing to send from the first stage
+    wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stage.is_last else None
 
 

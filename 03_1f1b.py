@@ -31,6 +31,7 @@ from common import (
     send_forward_recv_backward,
     setup,
     timed_step,
+    wait_for_sends,
 )
 
 args = parse_args(__doc__, micro_batches=True)
@@ -86,8 +87,9 @@ def train_step(inputs, labels):
     for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
         j = num_warmup_microbatches + i
         output_tensor = forward(j, input_tensor)
-        # Each send is posted together with the receive the neighbour sends back: as two
-        # blocking calls, both neighbours would sit in their sends, each waiting for the other.
+        # Each send is posted together with the receive the neighbour sends back. With sends
+        # that wait to be received, as NCCL's do, two separate calls would deadlock: both
+        # neighbours would sit in their sends, each waiting for the other to receive.
         grad_output = send_forward_recv_backward(i, output_tensor, shapes[i])
         grad_input = backward(i, grad_output)
         if j + 1 < args.micro_batches:
@@ -98,6 +100,7 @@ def train_step(inputs, labels):
     for i in range(num_microbatches_remaining, args.micro_batches):  # cool-down: backwards only
         grad_output = recv_backward(i, shapes[i])  # None on the last stage
         send_backward(i, backward(i, grad_output))  # nothing to send from the first stage
+    wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stage.is_last else None
 
 

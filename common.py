@@ -88,6 +88,9 @@ def parse_args(doc, micro_batches=False, one_process=False):
     for flag in ("dump_grads", "dump_params"):
         if getattr(args, flag) and os.path.exists(getattr(args, flag)) and not os.path.isdir(getattr(args, flag)):
             fail(f"--{flag.replace('_', '-')} {getattr(args, flag)}: that is a file, not a folder.")
+    if "RANK" not in os.environ and not one_process:
+        print(f"note: started without torchrun, so this is a world of one; for four stages run "
+              f"torchrun --nproc_per_node=4 {os.path.basename(sys.argv[0])}", file=sys.stderr)
     return args
 
 
@@ -121,10 +124,6 @@ def setup(args):
     _recorder.enabled = not args.no_instrument
     timeout = datetime.timedelta(seconds=args.timeout)
     if "RANK" not in os.environ:
-        script = os.path.basename(sys.argv[0])
-        if script[:2] != "00":
-            print(f"note: started without torchrun, so this is a world of one; for four stages run "
-                  f"torchrun --nproc_per_node=4 {script}", file=sys.stderr)
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     elif torch.cuda.is_available():
         _device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -251,7 +250,7 @@ class Stage(nn.Module):
 
     def __init__(self, args, first, last, has_head):
         super().__init__()
-        self.first, self.last, self.is_first, self.is_last = first, last, first == 0, has_head
+        self.is_first, self.is_last = first == 0, has_head
         self.blocks = nn.ModuleDict({str(layer): nn.Linear(args.hidden, args.hidden) for layer in range(first, last)})
         self.head = nn.Linear(args.hidden, NUM_CLASSES) if has_head else None
         with torch.no_grad():
@@ -304,15 +303,19 @@ def dump(directory, tensors):
 
 # ----------------------------------------------------------------------------- point-to-point
 # Named by direction, as seen from this stage. Each does nothing (and receives None) where
-# the pipeline ends, so a schedule reads the same on every rank. Each waits for what it
-# posted before returning: no request is left unwaited.
+# the pipeline ends, so a schedule reads the same on every rank. A receive returns once its
+# tensor has arrived. A send returns at once, and the stage goes on computing while it
+# travels; wait_for_sends() waits for every send before the step ends.
+
+_pending_sends = []  # [request, name, micro_batch, peer]: posted, not yet seen received
 
 
 def recv_forward(micro_batch, shape):
     """The previous stage's activation for this micro-batch (None on the first stage)."""
     if _rank == 0:
         return None
-    return _p2p("recv_forward", micro_batch, _rank - 1, recv_shape=shape).requires_grad_()
+    received = _p2p("recv_forward", micro_batch, _rank - 1, recv_shape=shape)
+    return received.requires_grad_()  # a leaf: backward leaves the gradient to send back in its .grad
 
 
 def send_forward(micro_batch, output_tensor):
@@ -335,18 +338,26 @@ def send_backward(micro_batch, grad_input):
 
 
 def send_forward_recv_backward(micro_batch, output_tensor, shape):
-    """send_forward, and recv_backward of micro_batch, posted together so neither waits for the other."""
+    """send_forward, and recv_backward of micro_batch, posted together."""
     if _rank == _world_size - 1:
         return None
     return _p2p("send_forward_recv_backward", micro_batch, _rank + 1, send=output_tensor, recv_shape=shape)
 
 
 def send_backward_recv_forward(micro_batch, grad_input, shape):
-    """send_backward, and recv_forward of micro_batch, posted together so neither waits for the other."""
+    """send_backward, and recv_forward of micro_batch, posted together."""
     if _rank == 0:
         return None
     received = _p2p("send_backward_recv_forward", micro_batch, _rank - 1, send=grad_input, recv_shape=shape)
     return received.requires_grad_()
+
+
+def wait_for_sends():
+    """Wait until every send this rank posted has been received."""
+    for request, name, micro_batch, peer in _pending_sends:
+        with record("wait", micro_batch) if not request.is_completed() else contextlib.nullcontext():
+            _wait(request, name, micro_batch, peer)
+    _pending_sends.clear()
 
 
 def _p2p(name, micro_batch, peer, send=None, recv_shape=None):
@@ -364,15 +375,24 @@ def _p2p(name, micro_batch, peer, send=None, recv_shape=None):
         # Gloo's are independent (and batch_isend_irecv would keep gloo's process group,
         # and its worker threads, alive past destroy_process_group into interpreter exit).
         requests = [op(tensor, peer) for op, tensor in operations]
-    with record("wait", micro_batch):
-        try:
-            for request in requests:
-                request.wait(datetime.timedelta(seconds=_timeout))
-        except RuntimeError as error:
-            raise PipelineError(f"rank {_rank} gave up in {name} (micro-batch {micro_batch}) waiting for rank {peer} "
-                                f"({str(error).splitlines()[0]}); rank {peer} may be stuck, dead or itself waiting, "
-                                f"or just slower than --timeout") from None
+    if send is not None:
+        for pending in [pending for pending in _pending_sends if pending[0].is_completed()]:
+            _wait(*pending)  # already received: waiting costs nothing and frees the tensor
+            _pending_sends.remove(pending)
+        _pending_sends.append([requests[0], name, micro_batch, peer])
+    if received is not None:
+        with record("wait", micro_batch):
+            _wait(requests[-1], name, micro_batch, peer)
     return received
+
+
+def _wait(request, name, micro_batch, peer):
+    try:
+        request.wait(datetime.timedelta(seconds=_timeout))
+    except RuntimeError as error:
+        raise PipelineError(f"rank {_rank} gave up in {name} (micro-batch {micro_batch}) waiting for rank {peer} "
+                            f"({str(error).splitlines()[0]}); rank {peer} may be stuck, dead or itself waiting, "
+                            f"or just slower than --timeout") from None
 
 
 # ----------------------------------------------------------------------------- instrumentation
