@@ -367,14 +367,9 @@ def _p2p(name, micro_batch, peer, send=None, recv_shape=None):
     if recv_shape is not None:
         received = torch.empty(recv_shape, dtype=_dtype, device=_device)
         operations.append((dist.irecv, received))
-    if _device.type == "cuda":
-        # NCCL runs two ranks' sends and receives in order on one stream: a send and a
-        # receive that must overlap are launched as one group.
-        requests = dist.batch_isend_irecv([dist.P2POp(op, tensor, peer) for op, tensor in operations])
-    else:
-        # Gloo's are independent (and batch_isend_irecv would keep gloo's process group,
-        # and its worker threads, alive past destroy_process_group into interpreter exit).
-        requests = [op(tensor, peer) for op, tensor in operations]
+    # One group: NCCL runs two ranks' sends and receives in order on one stream, so a send
+    # and a receive that must overlap are launched together (gloo's are independent anyway).
+    requests = dist.batch_isend_irecv([dist.P2POp(op, tensor, peer) for op, tensor in operations])
     if send is not None:
         for pending in [pending for pending in _pending_sends if pending[0].is_completed()]:
             _wait(*pending)  # already received: waiting costs nothing and frees the tensor
