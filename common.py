@@ -85,9 +85,9 @@ def parse_args(doc, micro_batches=False, one_process=False):
         fail(f"--trace {args.trace}: its folder does not exist.")
     if args.trace and args.no_instrument:
         fail("--trace needs the spans that --no-instrument turns off: pass one or the other.")
-    for flag in ("dump_grads", "dump_params"):
-        if getattr(args, flag) and os.path.exists(getattr(args, flag)) and not os.path.isdir(getattr(args, flag)):
-            fail(f"--{flag.replace('_', '-')} {getattr(args, flag)}: that is a file, not a folder.")
+    for flag, path in (("--dump-grads", args.dump_grads), ("--dump-params", args.dump_params)):
+        if path and os.path.exists(path) and not os.path.isdir(path):
+            fail(f"{flag} {path}: that is a file, not a folder.")
     if "RANK" not in os.environ and not one_process:
         print(f"note: started without torchrun, so this is a world of one; for four stages run "
               f"torchrun --nproc_per_node=4 {os.path.basename(sys.argv[0])}", file=sys.stderr)

@@ -18,7 +18,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISI
 
 @dataclass
 class Run:
-    returncode: int
     stdout: str
     stderr: str
     summary: dict
@@ -54,7 +53,7 @@ def launch(tmp_path, script, nproc, *flags, timeout=120):
         params.update(torch.load(out / "params" / f"rank{rank}.pt"))
     with open(out / "trace.json") as file:
         trace = json.load(file)
-    return Run(result.returncode, result.stdout, result.stderr, summaries[0], grads, params, grad_files, trace)
+    return Run(result.stdout, result.stderr, summaries[0], grads, params, grad_files, trace)
 
 
 @pytest.fixture(scope="session")

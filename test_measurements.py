@@ -63,7 +63,7 @@ def test_timeline_has_a_row_per_rank(runs):
     run = pipelined(runs, "02_gpipe.py", 4, 4)
     lines = run.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("timeline of step 2"))
-    rows = [line for line in lines[start + 1:start + 5]]
+    rows = lines[start + 1:start + 5]
     assert [row.split("|")[0].split() for row in rows] == [["rank", str(rank)] for rank in range(4)]
     assert all("F" in row and "B" in row for row in rows)
     assert not lines[start + 5].startswith("rank")
