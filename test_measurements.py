@@ -1,9 +1,11 @@
 """What the scripts report about themselves: in-flight micro-batches, activation memory,
 the trace and the timeline, checked against the schedule's theory."""
 
+import subprocess
+
 import pytest
 
-from conftest import SIZE, pipelined
+from conftest import ENV, HERE, SIZE, pipelined, torchrun
 
 # 12 samples in 6 equal micro-batches on 3 stages: every micro-batch holds the same bytes.
 EVEN = SIZE[:4] + ("--batch-size", "12") + SIZE[6:]
@@ -57,6 +59,33 @@ def test_trace_has_a_span_per_micro_batch(runs):
         if rank > 0:
             previous = forward[(rank - 1, step, micro_batch)]
             assert span["ts"] >= previous["ts"] + previous["dur"]
+
+
+# Rank 1 plays a rank on another machine, whose clock reads 1000 s ahead of rank 0's.
+CLOCKS = """
+import os, sys, time
+sys.path.insert(0, {here!r})
+import common
+if os.environ["RANK"] == "1":
+    common._machine_id = lambda: "another machine"
+    perf_counter = time.perf_counter
+    time.perf_counter = lambda: perf_counter() + 1000.0
+common.setup(common.parse_args("clocks"))
+print("offset", os.environ["RANK"], repr(common._clock_offset), flush=True)
+common.finish()
+"""
+
+
+def test_clock_offset_is_measured_across_machines(tmp_path):
+    script = tmp_path / "clocks.py"
+    script.write_text(CLOCKS.format(here=HERE))
+    result = subprocess.run(torchrun(3, str(script), "--threads", "1"), env=ENV, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    offsets = {int(rank): float(offset) for _, rank, offset in
+               (line.split() for line in result.stdout.splitlines() if line.startswith("offset"))}
+    assert offsets[0] == offsets[2] == 0.0  # rank 2 shares rank 0's machine, so its clock
+    assert abs(offsets[1] + 1000.0) < 0.05  # off by at most half a round trip on this host
 
 
 def test_timeline_has_a_row_per_rank(runs):
