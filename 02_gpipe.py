@@ -21,6 +21,8 @@ from common import (
     get_batch,
     log_step,
     parse_args,
+    post_recv_backward,
+    post_recv_forward,
     record,
     recv_backward,
     recv_forward,
@@ -74,9 +76,11 @@ def train_step(inputs, labels):
 
     for i in range(args.micro_batches):
         input_tensor = recv_forward(i, shapes[i])  # None on the first stage
+        post_recv_forward(i + 1, shapes)  # posted now, it can arrive while this micro-batch computes
         send_forward(i, forward(i, input_tensor))  # nothing to send from the last stage
     for i in reversed(range(args.micro_batches)):
         grad_output = recv_backward(i, shapes[i])  # None on the last stage
+        post_recv_backward(i - 1, shapes)
         send_backward(i, backward(i, grad_output))  # nothing to send from the first stage
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stage.is_last else None

@@ -324,9 +324,12 @@ def dump(directory, tensors):
 # Named by direction, as seen from this stage. Each does nothing (and receives None) where
 # the pipeline ends, so a schedule reads the same on every rank. A receive returns once its
 # tensor has arrived. A send returns at once, and the stage goes on computing while it
-# travels; wait_for_sends() waits for every send before the step ends.
+# travels; wait_for_sends() waits for every send before the step ends. A receive can also be
+# posted ahead of need (post_recv_forward, post_recv_backward), so that its tensor arrives
+# while the stage computes.
 
 _pending_sends = []  # [request, name, micro_batch, peer]: posted, not yet seen received
+_posted_recvs = {}  # (peer, micro_batch) -> (request, tensor): receives posted ahead of need
 
 
 def recv_forward(micro_batch, shape):
@@ -371,8 +374,31 @@ def send_backward_recv_forward(micro_batch, grad_input, shape):
     return received.requires_grad_()
 
 
+def post_recv_forward(micro_batch, shapes):
+    """Post recv_forward of micro_batch now (if the step has one), to be picked up later."""
+    if _rank > 0 and micro_batch < len(shapes):
+        _post_recv(_rank - 1, micro_batch, shapes[micro_batch])
+
+
+def post_recv_backward(micro_batch, shapes):
+    """Post recv_backward of micro_batch now (if the step has one), to be picked up later."""
+    if _rank < _world_size - 1 and 0 <= micro_batch < len(shapes):
+        _post_recv(_rank + 1, micro_batch, shapes[micro_batch])
+
+
+def _post_recv(peer, micro_batch, shape):
+    # A gloo send moves no data until the receive is posted. Posted late, the receive waits
+    # for the sender's gloo thread, which must first get a turn on a core busy computing.
+    # NCCL runs a pair's receives and sends as kernels in order on one stream, where an early
+    # receive would hold back this rank's sends: there, receives are posted when needed.
+    if _device.type != "cuda":
+        tensor = torch.empty(shape, dtype=_dtype, device=_device)
+        _posted_recvs[peer, micro_batch] = dist.irecv(tensor, peer), tensor
+
+
 def wait_for_sends():
     """Wait until every send this rank posted has been received."""
+    assert not _posted_recvs, f"receives posted ahead and never used: {sorted(_posted_recvs)}"
     for request, name, micro_batch, peer in _pending_sends:
         with record("wait", micro_batch) if not request.is_completed() else contextlib.nullcontext():
             _wait(request, name, micro_batch, peer)
@@ -380,15 +406,19 @@ def wait_for_sends():
 
 
 def _p2p(name, micro_batch, peer, send=None, recv_shape=None):
-    operations, received = [], None
+    operations, request, received = [], None, None
     if send is not None:
         operations.append((dist.isend, send.detach()))
     if recv_shape is not None:
-        received = torch.empty(recv_shape, dtype=_dtype, device=_device)
-        operations.append((dist.irecv, received))
-    # One group: NCCL runs two ranks' sends and receives in order on one stream, so a send
-    # and a receive that must overlap are launched together (gloo's are independent anyway).
-    requests = dist.batch_isend_irecv([dist.P2POp(op, tensor, peer) for op, tensor in operations])
+        request, received = _posted_recvs.pop((peer, micro_batch), (None, None))
+        if request is None:  # not posted ahead: post it now, with the send
+            received = torch.empty(recv_shape, dtype=_dtype, device=_device)
+            operations.append((dist.irecv, received))
+    if operations:
+        # One group: NCCL runs two ranks' sends and receives in order on one stream, so a send
+        # and a receive that must overlap are launched together (gloo's are independent anyway).
+        requests = dist.batch_isend_irecv([dist.P2POp(op, tensor, peer) for op, tensor in operations])
+        request = request or requests[-1]  # a receive posted now is the group's last operation
     if send is not None:
         for pending in [pending for pending in _pending_sends if pending[0].is_completed()]:
             _wait(*pending)  # already received: waiting costs nothing and frees the tensor
@@ -396,7 +426,7 @@ def _p2p(name, micro_batch, peer, send=None, recv_shape=None):
         _pending_sends.append([requests[0], name, micro_batch, peer])
     if received is not None:
         with record("wait", micro_batch):
-            _wait(requests[-1], name, micro_batch, peer)
+            _wait(request, name, micro_batch, peer)
     return received
 
 
