@@ -57,6 +57,8 @@ def parse_args(doc, micro_batches=False, one_process=False):
     parser.add_argument("--dump-grads", metavar="DIR", help="write each rank's gradients after the first backward")
     parser.add_argument("--dump-params", metavar="DIR", help="write each rank's parameters after the last step")
     parser.add_argument("--no-instrument", action="store_true", help="skip the timing and memory hooks (their cost)")
+    parser.add_argument("--overhead", action="store_true",
+                        help="instrument the even steps only, and compare their time with the odd steps'")
     args = parser.parse_args()
     if not micro_batches:
         args.micro_batches = 1  # the whole batch is one micro-batch
@@ -86,6 +88,10 @@ def parse_args(doc, micro_batches=False, one_process=False):
         fail(f"--trace {args.trace}: its folder does not exist.")
     if args.trace and args.no_instrument:
         fail("--trace needs the spans that --no-instrument turns off: pass one or the other.")
+    if args.overhead and args.no_instrument:
+        fail("--overhead needs the instrumentation that --no-instrument turns off: pass one or the other.")
+    if args.overhead and args.steps < 3:
+        fail(f"--overhead compares the even and odd steps after the first: pass --steps 3 or more, not {args.steps}.")
     for flag, path in (("--dump-grads", args.dump_grads), ("--dump-params", args.dump_params)):
         if path and os.path.exists(path) and not os.path.isdir(path):
             fail(f"{flag} {path}: that is a file, not a folder.")
@@ -122,7 +128,7 @@ def setup(args):
     _pin_to_cores(args.threads)
     torch.set_num_threads(args.threads)
     _dtype, _timeout = DTYPES[args.dtype], args.timeout
-    _recorder.enabled = not args.no_instrument
+    _recorder.enabled, _recorder.alternate = not args.no_instrument, args.overhead
     timeout = datetime.timedelta(seconds=args.timeout)
     if "RANK" not in os.environ:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
@@ -447,6 +453,7 @@ def _wait(request, name, micro_batch, peer):
 class _Recorder:
     def __init__(self):
         self.enabled = True
+        self.alternate = False  # --overhead: instrument the even steps only
         self.step = 0
         self.spans = []  # [step, kind, micro_batch, start, end]
         self.steps = []  # [step, start, end]
@@ -505,6 +512,8 @@ def record(kind, micro_batch):
 def timed_step(step):
     """Time one optimizer step (spans recorded inside it carry its number)."""
     _recorder.step = step
+    if _recorder.alternate:
+        _recorder.enabled = step % 2 == 0
     start = _now()
     yield
     _recorder.steps.append([step, start, _now()])
@@ -529,8 +538,8 @@ def report(args, expected_inflight):
         (_recorder.spans, 5), (_recorder.steps, 3), ([[loss] for loss in _recorder.losses], 1), ([memory], 2)))
     if _rank == 0:
         summary = _summarize(args, spans, steps, losses[-1][:, 0].tolist(), memory, expected_inflight)
-        if _recorder.enabled:
-            print(_timeline(args, spans))
+        if not args.no_instrument:
+            print(_timeline(spans))
             print(_table(summary))
         else:
             print(f"step time (median) {summary['step_ms_median']:.1f} ms")
@@ -557,17 +566,20 @@ def _gather(rows, width):
 def _summarize(args, spans, steps, losses, memory, expected_inflight):
     n, m = _world_size, args.micro_batches
     # The first step pays for warm-up (allocations, thread pools); measure the rest.
-    measured = list(range(1, args.steps)) if args.steps > 1 else [0]
-    step_ms = [1e3 * (max(float(s[step, 2]) for s in steps) - min(float(s[step, 1]) for s in steps))
-               for step in measured]
+    timed = list(range(1, args.steps)) if args.steps > 1 else [0]
+    step_ms = {step: 1e3 * (max(float(s[step, 2]) for s in steps) - min(float(s[step, 1]) for s in steps))
+               for step in timed}
+    measured = [step for step in timed if not args.overhead or step % 2 == 0]  # the instrumented ones
     summary = {
         "script": os.path.basename(sys.argv[0]), "world_size": n, "num_microbatches": m,
         "batch_size": args.batch_size, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
         "steps": args.steps, "threads": args.threads, "losses": losses,
-        "step_ms_median": sorted(step_ms)[len(step_ms) // 2],
+        "step_ms_median": _median([step_ms[step] for step in measured]),
         "bubble_theory": (n - 1) / (m + n - 1),
     }
-    if not _recorder.enabled:
+    if args.overhead:
+        summary["step_ms_median_bare"] = _median([step_ms[step] for step in timed if step % 2])
+    if args.no_instrument:
         return summary
     compute, windows, inflight = [0.0] * n, 0.0, [0] * n
     for step in measured:
@@ -607,13 +619,14 @@ def _peak_inflight(work):
     return peak
 
 
-def _timeline(args, spans):
-    """The last step as text: a row per rank, time left to right, idle left blank."""
-    rows = [s[(s[:, 0] == args.steps - 1) & (s[:, 1] < 2)] for s in spans]
+def _timeline(spans):
+    """The last recorded step as text: a row per rank, time left to right, idle left blank."""
+    step = int(spans[0][-1, 0])
+    rows = [s[(s[:, 0] == step) & (s[:, 1] < 2)] for s in spans]
     start = min(float(r[:, 3].min()) for r in rows)
     length = max(float(r[:, 4].max()) for r in rows) - start
     width = max(40, shutil.get_terminal_size().columns - 10)
-    lines = [f"timeline of step {args.steps - 1} ({1e3 * length:.1f} ms; F forward, B backward, blank idle):"]
+    lines = [f"timeline of step {step} ({1e3 * length:.1f} ms; F forward, B backward, blank idle):"]
     for rank, r in enumerate(rows):
         line, taken = [" "] * width, 0
         for _, kind, micro_batch, begin, end in sorted(r.tolist(), key=lambda span: span[3]):
@@ -624,6 +637,10 @@ def _timeline(args, spans):
             line[first:last] = text
         lines.append(f"rank {rank:2d} |{''.join(line).rstrip()}")
     return "\n".join(lines)
+
+
+def _median(values):
+    return sorted(values)[len(values) // 2]
 
 
 def _table(summary):
@@ -641,6 +658,10 @@ def _table(summary):
                      ", ".join(_bytes(b) for b in summary["cuda_max_memory_allocated"]))
     lines.append(f"step time (median) {summary['step_ms_median']:.1f} ms, bubble {summary['bubble_measured']:.3f} "
                  f"measured (mean over ranks), {summary['bubble_theory']:.3f} in theory")
+    if "step_ms_median_bare" in summary:
+        instrumented, bare = summary["step_ms_median"], summary["step_ms_median_bare"]
+        lines.append(f"--overhead: {instrumented:.1f} ms a step instrumented (even steps), {bare:.1f} ms bare "
+                     f"(odd steps), medians: {100 * (instrumented / bare - 1):+.1f}%")
     return "\n".join(lines)
 
 

@@ -44,6 +44,8 @@ def assert_one_sentence(result, *words):
     (("--trace", "run.json", "--no-instrument"), ("--trace", "--no-instrument")),
     (("--dump-grads", "README.md"), ("--dump-grads", "not a folder")),
     (("--trace", "no/such/folder/run.json"), ("--trace", "does not exist")),
+    (("--overhead", "--no-instrument"), ("--overhead", "--no-instrument")),
+    (("--overhead", "--steps", "2"), ("--overhead", "--steps 3")),
 ])
 def test_bad_flag(flags, words):
     result, seconds = run_quietly([sys.executable, "03_1f1b.py", *flags])

@@ -105,3 +105,11 @@ def test_summary_fields(runs):
         assert len(summary[key]) == 4
     assert 0 <= summary["bubble_measured"] <= 1
     assert summary["bubble_measured"] == pytest.approx(sum(summary["bubble_per_rank"]) / 4)
+
+
+def test_overhead_instruments_even_steps_only(runs):
+    run = runs("02_gpipe.py", 3, *SIZE, "--steps", "5", "--micro-batches", "3", "--overhead")
+    assert {event["args"]["step"] for event in run.trace["traceEvents"] if event["ph"] == "X"} == {0, 2, 4}
+    assert run.summary["step_ms_median"] > 0 and run.summary["step_ms_median_bare"] > 0
+    assert run.summary["peak_inflight_microbatches"] == [3, 3, 3]
+    assert "timeline of step 4" in run.stdout and "--overhead:" in run.stdout
