@@ -202,7 +202,7 @@ def _sync_clock():
 
 
 def _machine_id():
-    """The host name, and on Linux the kernel's boot id: two machines never share both."""
+    """The host name and, on Linux, the boot id the kernel draws at random when it starts."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as file:
             boot_id = file.read().strip()
