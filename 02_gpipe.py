@@ -80,7 +80,7 @@ def train_step(inputs, labels):
         send_forward(i, forward(i, input_tensor))  # nothing to send from the last stage
     for i in reversed(range(args.micro_batches)):
         grad_output = recv_backward(i, shapes[i])  # None on the last stage
-        post_recv_backward(i - 1, shapes)
+        post_recv_backward(i - 1, shapes)  # likewise the next gradient (last micro-batch first)
         send_backward(i, backward(i, grad_output))  # nothing to send from the first stage
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stage.is_last else None

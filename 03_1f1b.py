@@ -104,7 +104,7 @@ def train_step(inputs, labels):
 
     for i in range(num_microbatches_remaining, args.micro_batches):  # cool-down: backwards only
         grad_output = recv_backward(i, shapes[i])  # None on the last stage
-        post_recv_backward(i + 1, shapes)
+        post_recv_backward(i + 1, shapes)  # likewise the next gradient
         send_backward(i, backward(i, grad_output))  # nothing to send from the first stage
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stage.is_last else None
