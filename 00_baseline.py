@@ -10,7 +10,8 @@ Every pipelined script must reproduce this script's gradients and losses.
 import torch
 import torch.nn.functional as F
 
-from common import build_stage, dump, get_batch, log_step, parse_args, record, report, setup, timed_step
+from common import build_stage, get_batch, setup
+from harness import dump, log_step, parse_args, record, report, timed_step
 
 args = parse_args(__doc__, one_process=True)
 rank, world_size, device = setup(args)

@@ -16,20 +16,15 @@ import torch.nn.functional as F
 
 from common import (
     build_stage,
-    dump,
     get_batch,
-    log_step,
-    parse_args,
-    record,
     recv_backward,
     recv_forward,
-    report,
     send_backward,
     send_forward,
     setup,
-    timed_step,
     wait_for_sends,
 )
+from harness import dump, log_step, parse_args, record, report, timed_step
 
 args = parse_args(__doc__)
 rank, world_size, device = setup(args)

@@ -17,22 +17,17 @@ import torch.nn.functional as F
 
 from common import (
     build_stage,
-    dump,
     get_batch,
-    log_step,
-    parse_args,
     post_recv_backward,
     post_recv_forward,
-    record,
     recv_backward,
     recv_forward,
-    report,
     send_backward,
     send_forward,
     setup,
-    timed_step,
     wait_for_sends,
 )
+from harness import dump, log_step, parse_args, record, report, timed_step
 
 args = parse_args(__doc__, micro_batches=True)
 rank, world_size, device = setup(args)

@@ -17,24 +17,19 @@ import torch.nn.functional as F
 
 from common import (
     build_stage,
-    dump,
     get_batch,
-    log_step,
-    parse_args,
     post_recv_backward,
     post_recv_forward,
-    record,
     recv_backward,
     recv_forward,
-    report,
     send_backward,
     send_backward_recv_forward,
     send_forward,
     send_forward_recv_backward,
     setup,
-    timed_step,
     wait_for_sends,
 )
+from harness import dump, log_step, parse_args, record, report, timed_step
 
 args = parse_args(__doc__, micro_batches=True)
 rank, world_size, device = setup(args)
@@ -95,10 +90,10 @@ def train_step(inputs, labels):
         # Each send is posted together with the receive the neighbour sends back. With sends
         # that wait to be received, as NCCL's do, two separate calls would deadlock: both
         # neighbours would sit in their sends, each waiting for the other to receive.
-        grad_output = send_forward_recv_backward(i, output_tensor, shapes[i])
+        grad_output = send_forward_recv_backward(j, output_tensor, i, shapes[i])
         grad_input = backward(i, grad_output)
         if j + 1 < args.micro_batches:
-            input_tensor = send_backward_recv_forward(j + 1, grad_input, shapes[j + 1])
+            input_tensor = send_backward_recv_forward(i, grad_input, j + 1, shapes[j + 1])
         else:
             send_backward(i, grad_input)
 

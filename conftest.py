@@ -1,9 +1,11 @@
-"""Launch the real scripts as the user would (torchrun on gloo) and read back what they wrote."""
+"""Launch the real scripts on gloo, each rank with the environment torchrun gives it, and read back what they wrote."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -33,18 +35,52 @@ def torchrun(nproc, *args, nnodes_flags=()):
             f"--nproc_per_node={nproc}", *args]
 
 
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_ranks(command, nproc, out):
+    """Start `nproc` ranks of `command` with the environment torchrun would give them, without
+    paying for torchrun's own start-up; each rank writes its output to files in `out`."""
+    port, ranks = free_port(), []
+    for rank in range(nproc):
+        env = {**ENV, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        with open(out / f"stdout{rank}", "w") as stdout, open(out / f"stderr{rank}", "w") as stderr:
+            ranks.append(subprocess.Popen(command, cwd=HERE, env=env, stdout=stdout, stderr=stderr))
+    return ranks
+
+
+def wait_ranks(ranks, timeout):
+    """Every rank's exit code; once one fails, the others get a few seconds, then are killed."""
+    deadline = time.monotonic() + timeout
+    while any(rank.poll() is None for rank in ranks) and time.monotonic() < deadline:
+        if any(rank.poll() for rank in ranks):
+            deadline = min(deadline, time.monotonic() + 5)
+        time.sleep(0.05)
+    for rank in ranks:
+        if rank.poll() is None:
+            rank.kill()
+    return [rank.wait() for rank in ranks]
+
+
 def launch(tmp_path, script, nproc, *flags, timeout=120):
     """Run `script` with `nproc` ranks (0: plain python) and collect its outputs."""
     out = tmp_path / f"{script}-{nproc}-{'_'.join(flags).replace('-', '')}"
     out.mkdir(parents=True)
     files = ["--json", "--dump-grads", str(out / "grads"), "--dump-params", str(out / "params"),
              "--trace", str(out / "trace.json")]
-    command = torchrun(nproc, script) if nproc else [sys.executable, script]
-    result = subprocess.run(command + list(flags) + files, cwd=HERE, env=ENV, capture_output=True, text=True,
-                            timeout=timeout)
-    assert result.returncode == 0, f"{' '.join(command + list(flags))} failed:\n{result.stderr[-3000:]}"
-    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert len(summaries) == 1, result.stdout
+    command = [sys.executable, script, *flags, *files]
+    codes = wait_ranks(start_ranks(command, nproc, out) if nproc else
+                       [subprocess.Popen(command, cwd=HERE, env=ENV, stdout=open(out / "stdout0", "w"),
+                                         stderr=open(out / "stderr0", "w"))], timeout)
+    stdout, stderr = ("".join((out / f"{name}{rank}").read_text() for rank in range(max(nproc, 1)))
+                      for name in ("stdout", "stderr"))
+    assert codes == [0] * len(codes), f"{' '.join(command[1:])} on {nproc} ranks exited {codes}:\n{stderr[-3000:]}"
+    summaries = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1, stdout
     grads, params, grad_files = {}, {}, []
     for rank in range(max(nproc, 1)):
         rank_grads = torch.load(out / "grads" / f"rank{rank}.pt")
@@ -53,7 +89,7 @@ def launch(tmp_path, script, nproc, *flags, timeout=120):
         params.update(torch.load(out / "params" / f"rank{rank}.pt"))
     with open(out / "trace.json") as file:
         trace = json.load(file)
-    return Run(result.stdout, result.stderr, summaries[0], grads, params, grad_files, trace)
+    return Run(stdout, stderr, summaries[0], grads, params, grad_files, trace)
 
 
 @pytest.fixture(scope="session")
