@@ -126,38 +126,50 @@ def get_batch(args, step, device):
 
 _sends = {}  # (peer, tag) -> (request, name, micro_batch, chunk): posted, not yet released
 _posted = {}  # (peer, tag) -> (request, tensor): receives posted ahead of need
+_loopback = {}  # (peer, tag) -> tensor: sent from one chunk to the next on a world of one
 
 
 def recv_forward(micro_batch, shape, chunk=0):
     """The previous stage's activation for this micro-batch (None on the first stage)."""
-    return _leaf(_p2p("recv_forward", recv=(micro_batch, chunk, False, shape)))
+    return communicate("recv_forward", recv_forward=(micro_batch, chunk, shape))[0]
 
 
 def send_forward(micro_batch, output_tensor, chunk=0):
     """This stage's activation, to the next stage (nothing on the last)."""
-    _p2p("send_forward", send=(micro_batch, chunk, False, output_tensor))
+    communicate("send_forward", send_forward=(micro_batch, chunk, output_tensor))
 
 
 def recv_backward(micro_batch, shape, chunk=0):
     """The gradient of the loss with respect to this stage's output (None on the last stage)."""
-    return _p2p("recv_backward", recv=(micro_batch, chunk, True, shape))
+    return communicate("recv_backward", recv_backward=(micro_batch, chunk, shape))[1]
 
 
 def send_backward(micro_batch, grad_input, chunk=0):
     """The gradient with respect to this stage's input, to the previous stage (nothing on the first)."""
-    _p2p("send_backward", send=(micro_batch, chunk, True, grad_input))
+    communicate("send_backward", send_backward=(micro_batch, chunk, grad_input))
 
 
-def send_forward_recv_backward(micro_batch, output_tensor, recv_micro_batch, shape, chunk=0, recv_chunk=0):
+def send_forward_recv_backward(micro_batch, output_tensor, recv_micro_batch, shape):
     """send_forward of micro_batch and recv_backward of recv_micro_batch, posted together."""
-    return _p2p("send_forward_recv_backward", send=(micro_batch, chunk, False, output_tensor),
-                recv=(recv_micro_batch, recv_chunk, True, shape))
+    return communicate("send_forward_recv_backward", send_forward=(micro_batch, 0, output_tensor),
+                       recv_backward=(recv_micro_batch, 0, shape))[1]
 
 
-def send_backward_recv_forward(micro_batch, grad_input, recv_micro_batch, shape, chunk=0, recv_chunk=0):
+def send_backward_recv_forward(micro_batch, grad_input, recv_micro_batch, shape):
     """send_backward of micro_batch and recv_forward of recv_micro_batch, posted together."""
-    return _leaf(_p2p("send_backward_recv_forward", send=(micro_batch, chunk, True, grad_input),
-                      recv=(recv_micro_batch, recv_chunk, False, shape)))
+    return communicate("send_backward_recv_forward", send_backward=(micro_batch, 0, grad_input),
+                       recv_forward=(recv_micro_batch, 0, shape))[0]
+
+
+def communicate(name, send_forward=None, send_backward=None, recv_forward=None, recv_backward=None):
+    """Post any of the four as one group, wait for the receives, and return (input_tensor,
+    grad_output), None where nothing was received. Each is (micro_batch, chunk, tensor or shape)."""
+    sends = [(*send, False) for send in (send_forward,) if send] + [(*send, True) for send in (send_backward,) if send]
+    recvs = [(*recv, False) for recv in (recv_forward,) if recv] + [(*recv, True) for recv in (recv_backward,) if recv]
+    received = _p2p(name, sends, recvs)
+    input_tensor, grad_output = (received.get(False), received.get(True))
+    return (None if input_tensor is None else input_tensor.requires_grad_()), grad_output  # a leaf: backward
+    # leaves the gradient to send back in its .grad
 
 
 def post_recv_forward(micro_batch, shapes, chunk=0):
@@ -179,11 +191,6 @@ def wait_for_sends():
         _release(link)
 
 
-def _leaf(received):
-    # A leaf that requires grad: backward leaves the gradient to send back in its .grad.
-    return None if received is None else received.requires_grad_()
-
-
 def _link(micro_batch, chunk, gradient, sending):
     """(peer, tag) of the tensor this stage sends or receives, or None where the pipeline ends.
 
@@ -191,16 +198,20 @@ def _link(micro_batch, chunk, gradient, sending):
     its micro-batch, the boundary it crosses (between stages b and b + 1) and its direction.
     gloo matches a receive to a send by peer and tag, so a receive gets only the tensor it was
     posted for, even when one peer sends two kinds (the interleaved schedule with two ranks).
-    NCCL ignores tags and matches by order alone: so does --sync-sends (every tag 0), which makes
-    a schedule that posts in the wrong order fail the gradient check on gloo too.
     """
     stage = chunk * _world_size + _rank
     toward_next = sending != gradient
     boundary = stage if toward_next else stage - 1
     if not 0 <= boundary < _world_size * _num_chunks - 1:
         return None
-    tag = 0 if _sync_sends else (micro_batch * _world_size * _num_chunks + boundary) * 2 + gradient
+    tag = (micro_batch * _world_size * _num_chunks + boundary) * 2 + gradient
     return (_rank + (1 if toward_next else -1)) % _world_size, tag
+
+
+def _operation(op, tensor, link):
+    # NCCL ignores tags and matches by order alone: so does --sync-sends (every tag 0), which makes
+    # a schedule that posts in the wrong order fail the gradient check on gloo too.
+    return dist.P2POp(op, tensor, link[0], tag=0 if _sync_sends else link[1])
 
 
 def _post_recv(micro_batch, chunk, gradient, shape):
@@ -210,38 +221,46 @@ def _post_recv(micro_batch, chunk, gradient, shape):
     # receive would hold back this rank's sends: there, and under --sync-sends, receives are
     # posted when needed.
     link = _link(micro_batch, chunk, gradient, sending=False)
-    if link and _device.type != "cuda" and not _sync_sends:
+    if link and link[0] != _rank and _device.type != "cuda" and not _sync_sends:
         tensor = harness.track(torch.empty(shape, dtype=_dtype, device=_device))
-        _posted[link] = dist.irecv(tensor, link[0], tag=link[1]), tensor
+        _posted[link] = dist.batch_isend_irecv([_operation(dist.irecv, tensor, link)])[0], tensor
 
 
-def _p2p(name, send=None, recv=None):
-    """Post a send and a receive (either may be absent) with one peer as one group, wait for the
-    receive, and return what it got. send: (micro_batch, chunk, gradient?, tensor);
-    recv: (micro_batch, chunk, gradient?, shape)."""
-    send_link = send and _link(*send[:3], sending=True)
-    recv_link = recv and _link(*recv[:3], sending=False)
-    operations, request, received = [], None, None
-    if send_link:
-        operations.append(dist.P2POp(dist.isend, harness.track(send[3]).detach(), send_link[0], tag=send_link[1]))
-    if recv_link:
-        request, received = _posted.pop(recv_link, (None, None))
-        if request is None:  # not posted ahead: post it now, with the send
-            received = harness.track(torch.empty(recv[3], dtype=_dtype, device=_device))
-            operations.append(dist.P2POp(dist.irecv, received, recv_link[0], tag=recv_link[1]))
-    # One group: NCCL runs two ranks' sends and receives in order on one stream, so a send and a
-    # receive that must overlap are launched together (gloo's are independent anyway).
+def _p2p(name, sends, recvs):
+    """Post sends and receives as one group, wait for the receives, and return {gradient?: tensor}.
+    Each send is (micro_batch, chunk, tensor, gradient?), each receive (micro_batch, chunk, shape,
+    gradient?); those that cross no boundary (the pipeline ends there) are dropped."""
+    sends = [(send, link) for send in sends if (link := _link(send[0], send[1], send[3], sending=True))]
+    recvs = [(recv, link) for recv in recvs if (link := _link(recv[0], recv[1], recv[3], sending=False))]
+    for send, link in sends:
+        if link[0] == _rank:  # a world of one with several chunks: the tensor stays here
+            _loopback[link] = harness.track(send[2]).detach()
+    sends = [(send, link) for send, link in sends if link[0] != _rank]
+    operations = [_operation(dist.isend, harness.track(send[2]).detach(), link) for send, link in sends]
+    waits = []  # (request posted ahead, index of the operation posted now, tensor)
+    for recv, link in recvs:
+        request, tensor = _posted.pop(link, (None, _loopback.pop(link, None)))
+        if tensor is None:  # not posted ahead: post it now, with the sends
+            tensor = harness.track(torch.empty(recv[2], dtype=_dtype, device=_device))
+            operations.append(_operation(dist.irecv, tensor, link))
+        waits.append((request, len(operations) - 1, tensor))
+    # One group: NCCL runs two ranks' sends and receives in order on one stream, so sends and
+    # receives that must overlap are launched together (gloo's are independent anyway).
     requests = dist.batch_isend_irecv(operations) if operations else []
-    if send_link:
-        _sends[send_link] = requests[0], name, send[0], send[1]
-    if recv_link:
-        _wait(request or requests[-1], name, recv[0], recv[1], recv_link[0])
-        if recv[2]:  # a gradient is back, so the peer surely had the activation it came from
-            _release((recv_link[0], recv_link[1] - 1))
-        if send_link:  # the peer posted its receive of ours no later than the send we just got
-            _release(send_link)
-    if send_link and _sync_sends:
-        _release(send_link)  # NCCL's rule: a send is done once it has been received
+    for (send, link), request in zip(sends, requests):
+        _sends[link] = request, name, send[0], send[1]
+    received = {}
+    for (recv, link), (request, index, tensor) in zip(recvs, waits):
+        if link[0] != _rank:
+            _wait(request or requests[index], name, recv[0], recv[1], link[0])
+        if recv[3]:  # a gradient is back, so the peer surely had the activation it came from
+            _release((link[0], link[1] - 1))
+        received[recv[3]] = tensor
+    for send, link in sends:
+        # NCCL's rule: a send is done once received. Otherwise, once a peer's tensor has come in
+        # this group, the peer posted its receive of ours no later than it sent that one.
+        if _sync_sends or any(peer == link[0] for _, (peer, _) in recvs):
+            _release(link)
     return received
 
 

@@ -11,11 +11,26 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 # 7 layers: not divisible by 2, 3 or 4 ranks. 10 samples: 3, 4 and 7 micro-batches do not divide it.
 SIZE = ("--layers", "7", "--hidden", "24", "--batch-size", "10", "--steps", "3", "--threads", "1",
         "--lr", "0.01", "--dtype", "float64")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
+SYNC = ("--sync-sends",)  # NCCL's rules on gloo: every send waits for its receiver, receives matched by order
+
+# (script, world size, micro-batches, flags): one micro-batch, fewer than the stages, as many,
+# more, and counts that do not divide the 10 samples (3, 4, 7: micro-batches of unequal size).
+# A representative set runs under --sync-sends, so it proves both the gradients and that the
+# order of sends and receives cannot deadlock on NCCL.
+CASES = [
+    ("01_naive.py", 2, 1, ()), ("01_naive.py", 3, 1, SYNC), ("01_naive.py", 4, 1, ()),
+    ("02_gpipe.py", 1, 3, ()), ("02_gpipe.py", 2, 1, ()), ("02_gpipe.py", 4, 2, ()), ("02_gpipe.py", 3, 2, SYNC),
+    ("02_gpipe.py", 3, 3, SYNC), ("02_gpipe.py", 4, 4, ()), ("02_gpipe.py", 4, 7, ()), ("02_gpipe.py", 4, 7, SYNC),
+    ("03_1f1b.py", 1, 3, ()), ("03_1f1b.py", 2, 3, SYNC), ("03_1f1b.py", 3, 1, SYNC), ("03_1f1b.py", 4, 2, ()),
+    ("03_1f1b.py", 3, 3, ()), ("03_1f1b.py", 4, 4, SYNC), ("03_1f1b.py", 4, 7, ()), ("03_1f1b.py", 4, 7, SYNC),
+]
+
+# PYTHONPATH: a script variant written elsewhere (a test's mutation) still imports common and harness from here.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": HERE}
 
 
 @dataclass
@@ -68,7 +83,7 @@ def wait_ranks(ranks, timeout):
 
 def launch(tmp_path, script, nproc, *flags, timeout=120):
     """Run `script` with `nproc` ranks (0: plain python) and collect its outputs."""
-    out = tmp_path / f"{script}-{nproc}-{'_'.join(flags).replace('-', '')}"
+    out = tmp_path / f"{os.path.basename(script)}-{nproc}-{'_'.join(flags).replace('-', '')}"
     out.mkdir(parents=True)
     files = ["--json", "--dump-grads", str(out / "grads"), "--dump-params", str(out / "params"),
              "--trace", str(out / "trace.json")]
@@ -106,7 +121,19 @@ def runs(tmp_path_factory):
     return get
 
 
-def pipelined(runs, script, world, micro_batches, size=SIZE):
-    """A memoized run of a numbered script (01 takes no --micro-batches)."""
+def pipelined(runs, script, world, micro_batches, *extra, size=SIZE):
+    """A memoized run of a numbered script (01 takes no --micro-batches); `extra`: more flags."""
     flags = size if script == "01_naive.py" else size + ("--micro-batches", str(micro_batches))
-    return runs(script, world, *flags)
+    return runs(script, world, *flags, *extra)
+
+
+def variant(tmp_path, script, replace=(), prepend=""):
+    """A copy of `script` in tmp_path with some lines changed (a mutation that a test shows is
+    caught) and `prepend` run before it; it imports common and harness from here (PYTHONPATH)."""
+    text = open(os.path.join(HERE, script)).read()
+    for old, new in replace:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / f"variant_{script}"
+    path.write_text(prepend + text)
+    return str(path)

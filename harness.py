@@ -45,13 +45,13 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     """The flags every script takes; each mistake ends the run with one sentence."""
     parser = _Parser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=16, help="hidden blocks (Linear + ReLU) before the head")
-    parser.add_argument("--hidden", type=int, default=512, help="width of every block")
+    parser.add_argument("--hidden", type=int, default=1024, help="width of every block")
     parser.add_argument("--batch-size", type=int, default=256, help="samples per optimizer step")
     if micro_batches:
         parser.add_argument("--micro-batches", type=int, default=8, help="micro-batches each batch is split into")
     if virtual_stages:
         parser.add_argument("--virtual-stages", type=int, default=2, help="model chunks per rank")
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
     parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")

@@ -6,17 +6,9 @@ The baseline (00) runs in the same session; nothing is compared against stored n
 import pytest
 import torch
 
-from conftest import SIZE, pipelined
+from conftest import CASES, SIZE, pipelined
 
 EXACT = 1e-10  # float64: max|g - g_ref| <= EXACT * max|g_ref|, per tensor
-
-# (world size, micro-batches): one micro-batch, fewer than the stages, as many, more, and
-# counts that do not divide the 10 samples (3, 4, 7: micro-batches of unequal size).
-CASES = [("01_naive.py", world, 1) for world in (2, 3, 4)] + [
-    ("02_gpipe.py", world, m) for world, m in [(1, 3), (2, 1), (3, 2), (4, 4), (4, 7)]] + [
-    ("03_1f1b.py", world, m) for world, m in [(1, 3), (2, 3), (3, 1), (4, 2), (3, 4), (4, 4), (4, 7)]]
-
-
 def assert_close(tensors, reference, tolerance, what):
     assert sorted(tensors) == sorted(reference), f"{what}: parameter names differ"
     for name, ref in reference.items():
@@ -29,9 +21,9 @@ def baseline(runs):
     return runs("00_baseline.py", 0, *SIZE)
 
 
-@pytest.mark.parametrize("script,world,micro_batches", CASES)
-def test_matches_baseline(runs, baseline, script, world, micro_batches):
-    run = pipelined(runs, script, world, micro_batches)
+@pytest.mark.parametrize("script,world,micro_batches,flags", CASES)
+def test_matches_baseline(runs, baseline, script, world, micro_batches, flags):
+    run = pipelined(runs, script, world, micro_batches, *flags)
     assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
     assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
     losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
@@ -64,13 +56,13 @@ def test_without_torchrun_is_a_world_of_one(runs, baseline):
 def test_float32(runs):
     size = tuple(flag if flag != "float64" else "float32" for flag in SIZE)
     baseline = runs("00_baseline.py", 0, *size)
-    run = pipelined(runs, "03_1f1b.py", 4, 3, size)
+    run = pipelined(runs, "03_1f1b.py", 4, 3, size=size)
     assert_close(run.grads, baseline.grads, 1e-5, "float32 gradients")
 
 
 def test_the_check_catches_an_unscaled_loss(runs, baseline):
     """Without the loss scaling, m micro-batches give m times the gradient: the tolerance must see it."""
-    run = pipelined(runs, "02_gpipe.py", 2, 2)
+    run = pipelined(runs, "02_gpipe.py", 4, 2)
     with pytest.raises(AssertionError):
         assert_close({name: 2 * grad for name, grad in run.grads.items()}, baseline.grads, EXACT, "unscaled")
     with pytest.raises(AssertionError):  # even a last-bits-only mistake in one tensor
@@ -80,7 +72,7 @@ def test_the_check_catches_an_unscaled_loss(runs, baseline):
 
 def test_default_run_learns(runs):
     """The default task and sizes: the loss really falls (not stuck at ln(10) = 2.30)."""
-    run = runs("03_1f1b.py", 4)
+    run = runs("03_1f1b.py", 2)
     losses = run.summary["losses"]
     assert run.summary["layers"] == 16 and run.summary["num_microbatches"] == 8
     assert sum(losses[-5:]) / 5 < 0.5 * losses[0], losses

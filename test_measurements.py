@@ -5,32 +5,47 @@ import subprocess
 
 import pytest
 
-from conftest import ENV, HERE, SIZE, pipelined, torchrun
+from conftest import CASES, ENV, HERE, SIZE, pipelined, torchrun
 
-# 12 samples in 6 equal micro-batches on 3 stages: every micro-batch holds the same bytes.
-EVEN = SIZE[:4] + ("--batch-size", "12") + SIZE[6:]
+# 16 layers, 16 samples in 8 equal micro-batches on 4 stages: every micro-batch holds the same bytes.
+MEMORY = ("--layers", "16") + SIZE[2:4] + ("--batch-size", "16") + SIZE[6:]
+ROW_BYTES = 24 * 8  # one sample's activation: hidden 24, float64
 
-
-@pytest.mark.parametrize("world,micro_batches", [(4, 2), (3, 3), (4, 7)])
-def test_inflight_is_the_theory(runs, world, micro_batches):
-    gpipe = pipelined(runs, "02_gpipe.py", world, micro_batches).summary
-    one_f_one_b = pipelined(runs, "03_1f1b.py", world, micro_batches).summary
-    assert gpipe["peak_inflight_microbatches"] == [micro_batches] * world
-    assert one_f_one_b["peak_inflight_microbatches"] == [min(world - rank, micro_batches) for rank in range(world)]
-
-
-def test_naive_keeps_one_micro_batch(runs):
-    assert pipelined(runs, "01_naive.py", 4, 1).summary["peak_inflight_microbatches"] == [1] * 4
+# What each schedule keeps alive on rank r of n with m micro-batches, derived independently of the scripts.
+INFLIGHT = {
+    "01_naive.py": lambda n, m, rank: 1,
+    "02_gpipe.py": lambda n, m, rank: m,
+    "03_1f1b.py": lambda n, m, rank: min(n - rank, m),
+}
 
 
-def test_activation_memory_follows_inflight(runs):
-    gpipe = pipelined(runs, "02_gpipe.py", 3, 6, EVEN).summary
-    one_f_one_b = pipelined(runs, "03_1f1b.py", 3, 6, EVEN).summary
-    for rank in range(3):
+@pytest.mark.parametrize("script,world,micro_batches,flags", CASES)
+def test_inflight_is_the_theory(runs, script, world, micro_batches, flags):
+    summary = pipelined(runs, script, world, micro_batches, *flags).summary
+    theory = [INFLIGHT[script](world, micro_batches, rank) for rank in range(world)]
+    assert summary["peak_inflight_microbatches"] == theory
+
+
+def test_memory_follows_inflight(runs):
+    """Autograd's saved bytes and everything a rank holds (saved, in transit, posted ahead):
+    GPipe's grow with m, 1F1B's with min(n - r, m), on every rank."""
+    world, m, rows = 4, 8, 2
+    gpipe = pipelined(runs, "02_gpipe.py", world, m, size=MEMORY).summary
+    one_f_one_b = pipelined(runs, "03_1f1b.py", world, m, size=MEMORY).summary
+    for rank in range(world):
+        inflight = min(world - rank, m)
         kept, kept_all = one_f_one_b["peak_activation_bytes"][rank], gpipe["peak_activation_bytes"][rank]
         assert 0 < kept < kept_all
         # each micro-batch holds the same bytes, so the bytes are in the ratio of the counts
-        assert kept * 6 == kept_all * one_f_one_b["peak_inflight_microbatches"][rank], (rank, kept, kept_all)
+        assert kept * m == kept_all * inflight, (rank, kept, kept_all)
+        per_micro_batch = kept_all // m
+        held, held_all = one_f_one_b["peak_held_bytes"][rank], gpipe["peak_held_bytes"][rank]
+        assert held >= kept and held_all >= kept_all  # autograd's saved tensors are held too
+        # the README's theory: the micro-batches in flight, plus at most 4 tensors in transit
+        # (a gradient received and one sent, two receives posted ahead)
+        assert held <= inflight * per_micro_batch + 4 * rows * ROW_BYTES, (rank, held)
+        assert held_all <= m * per_micro_batch + 4 * rows * ROW_BYTES, (rank, held_all)
+        assert held * m <= (inflight + 1) * held_all, (rank, held, held_all)
 
 
 def test_activation_bytes_are_the_saved_activations(runs):
@@ -65,15 +80,15 @@ def test_trace_has_a_span_per_micro_batch(runs):
 CLOCKS = """
 import os, sys, time
 sys.path.insert(0, {here!r})
-import common
+import common, harness
 if os.environ["RANK"] == "1":
-    common._machine_id = lambda: "another machine"
+    harness._machine_id = lambda: "another machine"
     perf_counter = time.perf_counter
     time.perf_counter = lambda: perf_counter() + 1000.0
-common.setup(common.parse_args("clocks"))
+common.setup(harness.parse_args("clocks"))
 with open(os.path.join({out!r}, "offset" + os.environ["RANK"]), "w") as file:
-    file.write(repr(common._clock_offset))
-common.finish()
+    file.write(repr(harness._clock_offset))
+harness.finish()
 """
 
 
@@ -98,13 +113,23 @@ def test_timeline_has_a_row_per_rank(runs):
     assert not lines[start + 5].startswith("rank")
 
 
-def test_summary_fields(runs):
-    summary = pipelined(runs, "03_1f1b.py", 4, 4).summary
-    assert summary["bubble_theory"] == pytest.approx(3 / 7)
-    for key in ("compute_ms", "idle_ms", "peak_inflight_microbatches", "peak_activation_bytes"):
-        assert len(summary[key]) == 4
-    assert 0 <= summary["bubble_measured"] <= 1
-    assert summary["bubble_measured"] == pytest.approx(sum(summary["bubble_per_rank"]) / 4)
+def test_bubble_is_recomputed_from_the_trace(runs):
+    """The summary's bubble, recomputed from the trace's spans: in each step after the first, the
+    pipeline's window runs from the first forward anywhere to the last computation anywhere, and
+    a rank is idle for whatever part of it it does not compute."""
+    run = pipelined(runs, "03_1f1b.py", 4, 7)
+    summary, events = run.summary, [e for e in run.trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "wait"]
+    windows, busy = 0.0, [0.0] * 4
+    for step in (1, 2):
+        spans = [e for e in events if e["args"]["step"] == step]
+        windows += max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans)
+        for e in spans:
+            busy[e["pid"]] += e["dur"]
+    bubbles = [1 - b / windows for b in busy]
+    assert summary["bubble_theory"] == pytest.approx(3 / 10)
+    assert summary["bubble_per_rank"] == pytest.approx(bubbles, abs=1e-6)
+    assert summary["bubble_measured"] == pytest.approx(sum(bubbles) / 4, abs=1e-6)
+    assert summary["compute_ms"] == pytest.approx([b / 2 / 1e3 for b in busy], rel=1e-6)
 
 
 def test_overhead_instruments_even_steps_only(runs):
