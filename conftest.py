@@ -29,6 +29,13 @@ CASES = [
     ("03_1f1b.py", 3, 3, ()), ("03_1f1b.py", 4, 4, SYNC), ("03_1f1b.py", 4, 7, ()), ("03_1f1b.py", 4, 7, SYNC),
 ]
 
+
+
+def case_id(script, world, micro_batches, flags):
+    """03_1f1b.py-n4-m7-sync: so that `pytest -k n4` picks every script's cases at one world size."""
+    return f"{script}-n{world}-m{micro_batches}" + "".join(f"-{flag.strip('-')}" for flag in flags)
+
+
 # PYTHONPATH: a script variant written elsewhere (a test's mutation) still imports common and harness from here.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": HERE}
 

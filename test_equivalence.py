@@ -6,7 +6,7 @@ The baseline (00) runs in the same session; nothing is compared against stored n
 import pytest
 import torch
 
-from conftest import CASES, SIZE, pipelined
+from conftest import CASES, SIZE, case_id, pipelined
 
 EXACT = 1e-10  # float64: max|g - g_ref| <= EXACT * max|g_ref|, per tensor
 def assert_close(tensors, reference, tolerance, what):
@@ -21,7 +21,7 @@ def baseline(runs):
     return runs("00_baseline.py", 0, *SIZE)
 
 
-@pytest.mark.parametrize("script,world,micro_batches,flags", CASES)
+@pytest.mark.parametrize("script,world,micro_batches,flags", CASES, ids=[case_id(*case) for case in CASES])
 def test_matches_baseline(runs, baseline, script, world, micro_batches, flags):
     run = pipelined(runs, script, world, micro_batches, *flags)
     assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")

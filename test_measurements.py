@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import CASES, ENV, HERE, SIZE, pipelined, torchrun
+from conftest import CASES, ENV, HERE, SIZE, case_id, pipelined, torchrun
 
 # 16 layers, 16 samples in 8 equal micro-batches on 4 stages: every micro-batch holds the same bytes.
 MEMORY = ("--layers", "16") + SIZE[2:4] + ("--batch-size", "16") + SIZE[6:]
@@ -19,7 +19,7 @@ INFLIGHT = {
 }
 
 
-@pytest.mark.parametrize("script,world,micro_batches,flags", CASES)
+@pytest.mark.parametrize("script,world,micro_batches,flags", CASES, ids=[case_id(*case) for case in CASES])
 def test_inflight_is_the_theory(runs, script, world, micro_batches, flags):
     summary = pipelined(runs, script, world, micro_batches, *flags).summary
     theory = [INFLIGHT[script](world, micro_batches, rank) for rank in range(world)]
