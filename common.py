@@ -155,18 +155,20 @@ def send_forward_recv_backward(micro_batch, output_tensor, recv_micro_batch, sha
                        recv_backward=(recv_micro_batch, 0, shape))[1]
 
 
-def send_backward_recv_forward(micro_batch, grad_input, recv_micro_batch, shape):
-    """send_backward of micro_batch and recv_forward of recv_micro_batch, posted together."""
+def send_backward_recv_forward(micro_batch, grad_input, recv_micro_batch, shape, meanwhile=None):
+    """send_backward of micro_batch and recv_forward of recv_micro_batch, posted together;
+    meanwhile(), if given, runs while they travel."""
     return communicate("send_backward_recv_forward", send_backward=(micro_batch, 0, grad_input),
-                       recv_forward=(recv_micro_batch, 0, shape))[0]
+                       recv_forward=(recv_micro_batch, 0, shape), meanwhile=meanwhile)[0]
 
 
-def communicate(name, send_forward=None, send_backward=None, recv_forward=None, recv_backward=None):
-    """Post any of the four as one group, wait for the receives, and return (input_tensor,
-    grad_output), None where nothing was received. Each is (micro_batch, chunk, tensor or shape)."""
+def communicate(name, send_forward=None, send_backward=None, recv_forward=None, recv_backward=None, meanwhile=None):
+    """Post any of the four as one group, run meanwhile() if given, wait for the receives, and
+    return (input_tensor, grad_output), None where nothing was received. Each is (micro_batch,
+    chunk, tensor or shape)."""
     sends = [(*send, False) for send in (send_forward,) if send] + [(*send, True) for send in (send_backward,) if send]
     recvs = [(*recv, False) for recv in (recv_forward,) if recv] + [(*recv, True) for recv in (recv_backward,) if recv]
-    received = _p2p(name, sends, recvs)
+    received = _p2p(name, sends, recvs, meanwhile)
     input_tensor, grad_output = (received.get(False), received.get(True))
     return (None if input_tensor is None else input_tensor.requires_grad_()), grad_output  # a leaf: backward
     # leaves the gradient to send back in its .grad
@@ -186,7 +188,7 @@ def post_recv_backward(micro_batch, shapes, chunk=0):
 
 def wait_for_sends():
     """Release every send still in transit: all must be received before the step ends."""
-    assert not _posted, f"receives posted ahead and never used: {sorted(_posted)}"
+    assert not _posted and not _loopback, f"received by no one: {sorted(_posted) + sorted(_loopback)}"
     for link in list(_sends):
         _release(link)
 
@@ -226,7 +228,7 @@ def _post_recv(micro_batch, chunk, gradient, shape):
         _posted[link] = dist.batch_isend_irecv([_operation(dist.irecv, tensor, link)])[0], tensor
 
 
-def _p2p(name, sends, recvs):
+def _p2p(name, sends, recvs, meanwhile=None):
     """Post sends and receives as one group, wait for the receives, and return {gradient?: tensor}.
     Each send is (micro_batch, chunk, tensor, gradient?), each receive (micro_batch, chunk, shape,
     gradient?); those that cross no boundary (the pipeline ends there) are dropped."""
@@ -249,6 +251,8 @@ def _p2p(name, sends, recvs):
     requests = dist.batch_isend_irecv(operations) if operations else []
     for (send, link), request in zip(sends, requests):
         _sends[link] = request, name, send[0], send[1]
+    if meanwhile:
+        meanwhile()
     received = {}
     for (recv, link), (request, index, tensor) in zip(recvs, waits):
         if link[0] != _rank:

@@ -311,7 +311,10 @@ def track(tensor):
     """Count a tensor the schedule holds (saved for backward, stashed, in transit, posted ahead)
     in the held bytes until its memory is freed, so that one kept by mistake stays counted.
     Returns the tensor."""
-    if _recorder.enabled:
+    if _recorder.enabled and tensor.untyped_storage().nbytes() > _key(tensor)[1]:
+        _recorder.held.add(_key(tensor))  # a slice of the batch: counted while this view lives
+        weakref.finalize(tensor, _recorder.held.remove, _key(tensor))
+    elif _recorder.enabled:
         storage = tensor.untyped_storage()
         with _recorder.held.lock:
             if storage.data_ptr() not in _recorder.tracked:
@@ -412,12 +415,12 @@ def log_step(step, loss):
 # ----------------------------------------------------------------------------- report
 
 
-def report(args, expected_inflight):
+def report(args, expected_inflight, bubble_theory=None):
     """Gather every rank's measurements on rank 0, print the timeline, the table and the JSON
     line, and end the run.
 
     expected_inflight(rank): how many micro-batches (or micro-batch and chunk pairs) the schedule
-    keeps alive on that rank.
+    keeps alive on that rank. bubble_theory: the schedule's, if not (n - 1) / (v m + n - 1).
     """
     cuda_peak = torch.cuda.max_memory_allocated(_device) if _device.type == "cuda" else -1
     memory = [_recorder.saved.peak, _recorder.held.peak, cuda_peak]
@@ -425,6 +428,8 @@ def report(args, expected_inflight):
         (_recorder.spans, 6), (_recorder.steps, 3), ([[loss] for loss in _recorder.losses], 1), ([memory], 3)))
     if _rank == 0:
         summary = _summarize(args, spans, steps, losses[-1][:, 0].tolist(), memory, expected_inflight)
+        if bubble_theory is not None:
+            summary["bubble_theory"] = bubble_theory
         if not args.no_instrument:
             print(_timeline(spans, args.virtual_stages > 1))
             print(_table(summary))

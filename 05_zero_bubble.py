@@ -1,0 +1,167 @@
+"""Zero bubble (ZB-H1, Qi et al., ICLR 2024): 1F1B with each backward split in two. B, the
+gradient for the previous stage, which waits for it, runs at once; W, the weight gradients,
+which nobody waits for, is deferred into the slots where 1F1B would sit idle.
+
+    torchrun --nproc_per_node=4 05_zero_bubble.py
+
+With F, B and W one unit each, a stage idles n - 1 units of 3m + n - 1 (m >= n), where 1F1B
+idles 3(n - 1): the bubble is (n - 1) / (3m + n - 1). Stage r runs W r micro-batches behind B,
+which keeps min(n, m) micro-batches in flight on every stage, from F to W.
+
+    rank 0  F0 F1 F2 F3          B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
+    rank 1     F0 F1 F2       B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7
+    rank 2        F0 F1    B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 F6 B5 W3 F7 B6 W4 B7 W5 W6 W7
+    rank 3           F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7
+"""
+
+import torch
+import torch.nn.functional as F
+
+from common import (
+    build_stage,
+    get_batch,
+    post_recv_backward,
+    post_recv_forward,
+    recv_backward,
+    recv_forward,
+    send_backward,
+    send_backward_recv_forward,
+    send_forward,
+    send_forward_recv_backward,
+    setup,
+    wait_for_sends,
+)
+from harness import dump, log_step, parse_args, record, report, timed_step, track
+
+args = parse_args(__doc__, micro_batches=True)
+rank, world_size, device = setup(args)
+stage = build_stage(args, rank, world_size, device)  # this rank's layers only
+optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
+noted = []  # (Linear, its input, its output's gradient edge) for each Linear the forward has run
+
+
+def note(linear, inputs, output):
+    """Forward hook: W will need the input (detached: kept past B, it must not keep the graph alive);
+    B stops at the output and hands W its gradient."""
+    noted.append((linear, inputs[0].detach(), torch.autograd.graph.get_gradient_edge(output)))
+
+
+for module in stage.modules():
+    if isinstance(module, torch.nn.Linear):
+        module.register_forward_hook(note)
+
+
+def forward_step(micro_batch, input_tensor, inputs, labels):
+    """This stage's forward; on the last stage, the loss."""
+    with record("forward", micro_batch):
+        output_tensor = stage(inputs if stage.is_first else input_tensor)
+        if stage.is_last:
+            # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
+            output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
+    return output_tensor
+
+
+def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears):
+    """B: backpropagate to this stage's input and to each Linear's output, not to the weights;
+    return the gradient for the previous stage, and what W needs."""
+    with record("backward", micro_batch):
+        inputs = [edge for _, _, edge in linears] + ([] if input_tensor is None else [input_tensor])
+        grads = torch.autograd.grad(output_tensor, inputs, grad_outputs=grad_output)  # grad_output is None for the loss
+    # what W needs, counted in the held bytes: each Linear's input and its output's gradient
+    weight_work = [(linear, track(x), track(grad)) for (linear, x, _), grad in zip(linears, grads)]
+    return (None if input_tensor is None else grads[-1]), weight_work
+
+
+def weight_step(micro_batch, weight_work):
+    """W: each Linear's weight and bias gradients, one matrix product each, added into .grad."""
+    with record("weight", micro_batch):
+        for linear, linear_input, grad_linear_output in weight_work:
+            if linear.weight.grad is None:  # zero_grad() leaves None
+                linear.weight.grad, linear.bias.grad = torch.zeros_like(linear.weight), torch.zeros_like(linear.bias)
+            linear.weight.grad.addmm_(grad_linear_output.T, linear_input)
+            linear.bias.grad += grad_linear_output.sum(0)
+
+
+def train_step(inputs, labels):
+    """1F1B's warm-up, steady state and cool-down, with each W run `rank` micro-batches after its B."""
+    micro_batches = list(zip(inputs.tensor_split(args.micro_batches), labels.tensor_split(args.micro_batches)))
+    shapes = [micro_inputs.shape for micro_inputs, _ in micro_batches]  # what each receive expects
+    input_tensors, output_tensors, losses = [], [], []  # stashed for backward, oldest first
+    linear_notes, weight_works = [], []  # stashed for B, then for W, oldest first
+
+    def forward(i, input_tensor):
+        output_tensor = forward_step(i, input_tensor, *micro_batches[i])
+        input_tensors.append(input_tensor)
+        output_tensors.append(output_tensor)
+        linear_notes.append(noted.copy())  # what the hooks noted during this forward
+        noted.clear()
+        if stage.is_last:
+            losses.append(output_tensor.detach())
+        return output_tensor
+
+    def backward(i, grad_output):
+        grad_input, weight_work = backward_step(i, input_tensors.pop(0), output_tensors.pop(0), grad_output,
+                                                linear_notes.pop(0))
+        weight_works.append((i, weight_work))
+        return grad_input
+
+    def weights(keep):
+        """Run the oldest deferred W's until `keep` are left."""
+        while len(weight_works) > keep:
+            weight_step(*weight_works.pop(0))
+
+    # Stage r runs n - r - 1 forwards ahead of its first backward (all of them if m is smaller).
+    num_warmup_microbatches = min(world_size - rank - 1, args.micro_batches)
+    num_microbatches_remaining = args.micro_batches - num_warmup_microbatches
+    # W runs `rank` micro-batches behind B: stage r's last B ends r slots before stage 0's, and the
+    # W's it kept back fill them.
+    num_deferred_weights = rank
+
+    for i in range(num_warmup_microbatches):  # warm-up: forwards only
+        input_tensor = recv_forward(i, shapes[i])  # None on the first stage
+        post_recv_forward(i + 1, shapes)  # posted now, it can arrive while this micro-batch computes
+        send_forward(i, forward(i, input_tensor))  # nothing to send from the last stage
+
+    if num_microbatches_remaining > 0:
+        input_tensor = recv_forward(num_warmup_microbatches, shapes[num_warmup_microbatches])
+    for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
+        j = num_warmup_microbatches + i
+        post_recv_backward(i, shapes)  # both receives of this iteration, posted now
+        post_recv_forward(j + 1, shapes)
+        output_tensor = forward(j, input_tensor)
+        # Each send is posted together with the receive the neighbour sends back. With sends
+        # that wait to be received, as NCCL's do, two separate calls would deadlock: both
+        # neighbours would sit in their sends, each waiting for the other to receive.
+        grad_output = send_forward_recv_backward(j, output_tensor, i, shapes[i])
+        grad_input = backward(i, grad_output)
+        if j + 1 < args.micro_batches:  # W runs while the pair travels, in the wait for the next input
+            input_tensor = send_backward_recv_forward(i, grad_input, j + 1, shapes[j + 1],
+                                                      meanwhile=lambda: weights(keep=num_deferred_weights))
+        else:
+            send_backward(i, grad_input)
+            weights(keep=num_deferred_weights)
+
+    for i in range(num_microbatches_remaining, args.micro_batches):  # cool-down: backwards only
+        grad_output = recv_backward(i, shapes[i])  # None on the last stage
+        post_recv_backward(i + 1, shapes)  # likewise the next gradient
+        send_backward(i, backward(i, grad_output))  # nothing to send from the first stage
+        weights(keep=num_deferred_weights)
+    weights(keep=0)  # the W's still deferred
+    wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
+    return sum(losses) if stage.is_last else None
+
+
+for step in range(args.steps):
+    inputs, labels = get_batch(args, step, device)
+    with timed_step(step):
+        optimizer.zero_grad()
+        loss = train_step(inputs, labels)
+        if step == 0:
+            dump(args.dump_grads, {name: param.grad for name, param in stage.named_parameters()})
+        optimizer.step()
+    log_step(step, loss)
+dump(args.dump_params, dict(stage.named_parameters()))
+# in flight from F to W: 1F1B's n - r micro-batches, and the `rank` more whose W is deferred
+n, m = world_size, args.micro_batches
+report(args, expected_inflight=lambda rank: min(n, m),
+       bubble_theory=1 - 3 * m / max(3 * m + n - 1, 2 * m + 2 * n - 1))  # equal F, B, W; see the README

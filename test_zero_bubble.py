@@ -1,0 +1,126 @@
+"""Zero bubble (05): the baseline's gradients, W deferred as ZB-H1 says, B + W computing nothing
+twice, and the memory that the deferred W's hold."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import SIZE, SYNC, case_id, launch, pipelined, variant
+from test_equivalence import EXACT, assert_close
+
+SCRIPT = "05_zero_bubble.py"
+
+# (world size, micro-batches, flags): 1 to 4 ranks; fewer, as many and more micro-batches than
+# ranks; 3, 4 and 7 micro-batches of unequal size (10 samples); 7 layers, which 2, 3 and 4 ranks
+# do not divide. Under --sync-sends a deadlock would stop the run.
+CASES = [(1, 3, ()), (2, 3, SYNC), (3, 1, SYNC), (4, 2, ()), (3, 3, ()), (4, 4, SYNC), (4, 7, ()), (4, 7, SYNC)]
+
+# 16 layers, 16 samples in 8 equal micro-batches on 4 stages of 4 blocks (the last one with the head).
+MEMORY = ("--layers", "16") + SIZE[2:4] + ("--batch-size", "16") + SIZE[6:]
+
+
+def zb_h1(n, m, rank):
+    """Rank's compute order, derived from the paper's rule: 1F1B's forwards and backwards, and after
+    the backward of micro-batch i the W of micro-batch i - rank; then the W's still deferred."""
+    warmup = min(n - rank - 1, m)
+    order = [("forward", i) for i in range(warmup)]
+    for i in range(m):
+        order += [("forward", warmup + i)] if warmup + i < m else []
+        order += [("backward", i)] + ([("weight", i - rank)] if i >= rank else [])
+    return order + [("weight", i) for i in range(max(0, m - rank), m)]
+
+
+@pytest.fixture(scope="module")
+def baseline(runs):
+    return runs("00_baseline.py", 0, *SIZE)
+
+
+@pytest.mark.parametrize("world,micro_batches,flags", CASES, ids=[case_id(SCRIPT, *case) for case in CASES])
+def test_matches_baseline(runs, baseline, world, micro_batches, flags):
+    run = pipelined(runs, SCRIPT, world, micro_batches, *flags)
+    assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
+    assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
+    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
+    assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
+
+
+@pytest.mark.parametrize("world,micro_batches,flags", CASES, ids=[case_id(SCRIPT, *case) for case in CASES])
+def test_schedule_is_zb_h1(runs, world, micro_batches, flags):
+    """Every rank runs F, B and W in the rule's order, every step, and keeps min(n, m) in flight."""
+    run = pipelined(runs, SCRIPT, world, micro_batches, *flags)
+    spans = [e for e in run.trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "wait"]
+    for rank in range(world):
+        for step in range(3):
+            mine = sorted((e for e in spans if e["pid"] == rank and e["args"]["step"] == step), key=lambda e: e["ts"])
+            assert [(e["cat"], e["args"]["micro_batch"]) for e in mine] == zb_h1(world, micro_batches, rank)
+    inflight = min(world, micro_batches)
+    assert run.summary["peak_inflight_microbatches"] == [inflight] * world
+    assert run.summary["expected_inflight_microbatches"] == [inflight] * world
+
+
+def test_held_bytes_are_the_theory(runs):
+    """A micro-batch between F and B holds the stage's input and each block's ReLU output (L + 1
+    tensors of rows x hidden); one between B and W holds each Linear's input and its output's
+    gradient (2L). Stage r has at most min(r + 1, m) W's pending and min(n, m) in flight, so its
+    peak is (min(n, m) - min(r + 1, m))(L + 1) + min(r + 1, m) 2L, plus at most 4 tensors in transit:
+    a gradient received and one sent, a receive posted ahead, and the output of the micro-batch
+    whose B has just ended."""
+    world, m, rows, hidden, blocks = 4, 8, 2, 24, 4
+    summary = pipelined(runs, SCRIPT, world, m, size=MEMORY).summary
+    unit = rows * hidden * 8  # one rows x hidden float64 tensor
+    for rank in range(world):
+        alive, pending = (blocks + 1) * unit, 2 * blocks * unit
+        if rank == world - 1:  # the head's input, and its output's gradient (rows x 10)
+            pending += unit + rows * 10 * 8
+        deferred = min(rank + 1, m)
+        theory = (min(world, m) - deferred) * alive + deferred * pending
+        held = summary["peak_held_bytes"][rank]
+        assert theory <= held <= theory + 4 * unit, (rank, held / unit, theory / unit)
+
+
+# Counts the floating-point operations of matrix products inside each recorded span, per kind, and
+# writes them to flops<rank>.json in the folder the test names; W's addmm_ is counted like addmm.
+COUNT_FLOPS = '''"""Counts each span's matrix products."""
+import contextlib, json, os
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+import harness
+_record, _report, _flops = harness.record, harness.report, {{}}
+_addmm_ = {{torch.ops.aten.addmm_: lambda bias, a, b, out_shape=None, **kwargs: 2 * a[0] * a[1] * b[1]}}
+
+
+@contextlib.contextmanager
+def _counted(kind, micro_batch, chunk=0):
+    with _record(kind, micro_batch, chunk), FlopCounterMode(display=False, custom_mapping=_addmm_) as counter:
+        yield
+    _flops[kind] = _flops.get(kind, 0) + counter.get_total_flops()
+
+
+def _write(*args, **kwargs):
+    with open(os.path.join({out!r}, "flops" + os.environ.get("RANK", "0") + ".json"), "w") as file:
+        json.dump(_flops, file)
+    _report(*args, **kwargs)
+
+
+harness.record, harness.report = _counted, _write
+'''
+
+
+def flops(tmp_path, script, world, micro_batches):
+    out = tmp_path / script
+    out.mkdir()
+    path = variant(out, script, prepend=COUNT_FLOPS.format(out=str(out)))
+    launch(out, path, world, *SIZE, "--micro-batches", str(micro_batches))
+    return [json.loads((out / f"flops{rank}.json").read_text()) for rank in range(world)]
+
+
+def test_b_and_w_compute_nothing_twice(tmp_path):
+    """B + W do exactly 1F1B's backward's matrix products, on every stage: B stops at each Linear's
+    output, and W is one product per Linear, like F. A W that backpropagated again would redo B's."""
+    zero_bubble, one_f_one_b = flops(tmp_path, SCRIPT, 2, 3), flops(tmp_path, "03_1f1b.py", 2, 3)
+    for rank in range(2):
+        ours, theirs = zero_bubble[rank], one_f_one_b[rank]
+        assert ours["forward"] == theirs["forward"] > 0
+        assert ours["backward"] + ours["weight"] == theirs["backward"], (rank, ours, theirs)
+        assert ours["weight"] == ours["forward"], (rank, ours)
