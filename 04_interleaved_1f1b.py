@@ -138,7 +138,7 @@ def train_step(inputs, labels):
         output_tensor = forward(k, input_tensor)
         input_tensor = exchange("send_forward_recv_forward", send_forward=(k, output_tensor), recv_forward=k + 1)[0]
 
-    if num_chunks > 1:  # the steady state receives each gradient one iteration ahead: the first one now
+    if num_chunks > 1:  # the ring receives each gradient an iteration ahead of its backward: the first one now
         grad_output = exchange("recv_backward", recv_backward=0)[1]
     for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
         j = num_warmup_microbatches + i
@@ -155,7 +155,7 @@ def train_step(inputs, labels):
                                                  send_forward=(j, output_tensor), send_backward=(i, grad_input),
                                                  recv_forward=j + 1, recv_backward=i + 1)
 
-    if num_chunks == 1:  # 1F1B's steady state ended with a forward's receive: the cool-down's first gradient now
+    if num_chunks == 1:  # 1F1B receives each gradient just before its backward: the cool-down's first one now
         grad_output = exchange("recv_backward", recv_backward=num_microbatches_remaining)[1]
     for k in range(num_microbatches_remaining, len(table)):  # cool-down: backwards only
         post_recv("backward", k + 1)  # likewise the next gradient

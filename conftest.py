@@ -91,7 +91,7 @@ def wait_ranks(ranks, timeout):
 def launch(tmp_path, script, nproc, *flags, timeout=120):
     """Run `script` with `nproc` ranks (0: plain python) and collect its outputs."""
     out = tmp_path / f"{os.path.basename(script)}-{nproc}-{'_'.join(flags).replace('-', '')}"
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     files = ["--json", "--dump-grads", str(out / "grads"), "--dump-params", str(out / "params"),
              "--trace", str(out / "trace.json")]
     command = [sys.executable, script, *flags, *files]

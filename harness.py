@@ -91,7 +91,8 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
         script = os.path.basename(sys.argv[0])
         fail(f"{script} trains the whole model in one process: start it with python {script}, not torchrun.")
     if world_size * args.virtual_stages > args.layers:
-        stages = f"{world_size} ranks" + (f" x {args.virtual_stages} virtual stages" * (args.virtual_stages > 1))
+        stages = f"{world_size} rank{'s' * (world_size > 1)}" + f" x {args.virtual_stages} virtual stages" * (
+            args.virtual_stages > 1)
         fail(f"{stages} cannot share {args.layers} layers: pass --layers {world_size * args.virtual_stages} or more"
              f"{', or fewer --virtual-stages' if args.virtual_stages > 1 else ''}, or start fewer ranks.")
     if torch.cuda.is_available() and local_world_size > torch.cuda.device_count():
