@@ -181,5 +181,9 @@ def test_sync_sends_catches_a_deadlock(tmp_path):
     flags = SIZE + ("--micro-batches", "4")
     launch(tmp_path, script, 2, *flags)  # sends that return at once: it runs (and launch checks it exits 0)
     result, seconds = run_quietly(torchrun(2, script, *flags, *SYNC, "--timeout", "3"))
-    assert_one_sentence(result, "gave up in send_", "waiting for rank")
+    # both neighbours wait, so both may give up before torchrun stops them: a sentence each, no traceback
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and 1 <= len(errors) <= 2, result.stderr
+    assert "gave up in send_" in errors[0] and "waiting for rank" in errors[0], errors
+    assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
     assert seconds < 30
