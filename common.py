@@ -169,9 +169,10 @@ def communicate(name, send_forward=None, send_backward=None, recv_forward=None, 
     sends = [(*send, False) for send in (send_forward,) if send] + [(*send, True) for send in (send_backward,) if send]
     recvs = [(*recv, False) for recv in (recv_forward,) if recv] + [(*recv, True) for recv in (recv_backward,) if recv]
     received = _p2p(name, sends, recvs, meanwhile)
-    input_tensor, grad_output = (received.get(False), received.get(True))
-    return (None if input_tensor is None else input_tensor.requires_grad_()), grad_output  # a leaf: backward
-    # leaves the gradient to send back in its .grad
+    input_tensor, grad_output = received.get(False), received.get(True)
+    if input_tensor is not None:
+        input_tensor.requires_grad_()  # a leaf: backward leaves the gradient to send back in its .grad
+    return input_tensor, grad_output
 
 
 def post_recv_forward(micro_batch, shapes, chunk=0):
