@@ -291,16 +291,22 @@ def _key(tensor):
     return tensor.data_ptr(), tensor.numel() * tensor.element_size()
 
 
+def _is_slice(tensor):
+    # A micro-batch of the data is a slice of the batch, which lives for the whole step whatever
+    # the schedule: it counts while autograd (or W) keeps it, not while its memory lives.
+    return tensor.untyped_storage().nbytes() > _key(tensor)[1]
+
+
 class _Saved:
     """One tensor autograd keeps for backward, counted in the activation bytes while autograd keeps it."""
 
     def __init__(self, tensor):
-        self.tensor, self.key = tensor, _key(tensor)
+        self.tensor, self.key, self.is_slice = tensor, _key(tensor), _is_slice(tensor)
         _recorder.saved.add(self.key)
-        # A micro-batch of the data is a slice of the batch, which lives for the whole step
-        # whatever the schedule: it is held while autograd keeps it, not while its memory lives.
-        self.is_slice = tensor.untyped_storage().nbytes() > self.key[1]
-        _recorder.held.add(self.key) if self.is_slice else track(tensor)
+        if self.is_slice:
+            _recorder.held.add(self.key)
+        else:
+            track(tensor)
 
     def __del__(self):
         _recorder.saved.remove(self.key)
@@ -312,24 +318,20 @@ def track(tensor):
     """Count a tensor the schedule holds (saved for backward, stashed, in transit, posted ahead)
     in the held bytes until its memory is freed, so that one kept by mistake stays counted.
     Returns the tensor."""
-    if _recorder.enabled and tensor.untyped_storage().nbytes() > _key(tensor)[1]:
-        _recorder.held.add(_key(tensor))  # a slice of the batch: counted while this view lives
+    if not _recorder.enabled:
+        return tensor
+    if _is_slice(tensor):  # counted while this view lives
+        _recorder.held.add(_key(tensor))
         weakref.finalize(tensor, _recorder.held.remove, _key(tensor))
-    elif _recorder.enabled:
-        storage = tensor.untyped_storage()
-        with _recorder.held.lock:
-            if storage.data_ptr() not in _recorder.tracked:
-                _recorder.tracked.add(storage.data_ptr())
-                _recorder.held.add((storage.data_ptr(), storage.nbytes()))
-                # A storage's Python object, unlike a tensor's, lives exactly as long as its memory.
-                weakref.finalize(storage, _untrack, storage.data_ptr(), storage.nbytes())
-    return tensor
-
-
-def _untrack(address, size):
+        return tensor
+    storage = tensor.untyped_storage()
+    key = storage.data_ptr(), storage.nbytes()
     with _recorder.held.lock:
-        _recorder.tracked.discard(address)
-        _recorder.held.remove((address, size))
+        if key not in _recorder.held.count:
+            _recorder.held.add(key)
+            # A storage's Python object, unlike a tensor's, lives exactly as long as its memory.
+            weakref.finalize(storage, _recorder.held.remove, key)
+    return tensor
 
 
 # ----------------------------------------------------------------------------- spans
@@ -345,7 +347,7 @@ class _Recorder:
         self.steps = []  # [step, start, end]
         self.pending = []  # on CUDA: spans whose events are read once the step is over
         self.losses = []
-        self.saved, self.held, self.tracked = _Meter(), _Meter(), set()
+        self.saved, self.held = _Meter(), _Meter()
 
     @staticmethod
     def pack(tensor):
