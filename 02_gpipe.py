@@ -18,8 +18,6 @@ import torch.nn.functional as F
 from common import (
     build_stage,
     get_batch,
-    post_recv_backward,
-    post_recv_forward,
     recv_backward,
     recv_forward,
     send_backward,
@@ -71,11 +69,9 @@ def train_step(inputs, labels):
 
     for i in range(args.micro_batches):
         input_tensor = recv_forward(i, shapes[i])  # None on the first stage
-        post_recv_forward(i + 1, shapes)  # posted now, it can arrive while this micro-batch computes
         send_forward(i, forward(i, input_tensor))  # nothing to send from the last stage
     for i in reversed(range(args.micro_batches)):
         grad_output = recv_backward(i, shapes[i])  # None on the last stage
-        post_recv_backward(i - 1, shapes)  # likewise the next gradient (last micro-batch first)
         send_backward(i, backward(i, grad_output))  # nothing to send from the first stage
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stage.is_last else None

@@ -18,8 +18,6 @@ import torch.nn.functional as F
 from common import (
     build_stage,
     get_batch,
-    post_recv_backward,
-    post_recv_forward,
     recv_backward,
     recv_forward,
     send_backward,
@@ -77,15 +75,12 @@ def train_step(inputs, labels):
 
     for i in range(num_warmup_microbatches):  # warm-up: forwards only
         input_tensor = recv_forward(i, shapes[i])  # None on the first stage
-        post_recv_forward(i + 1, shapes)  # posted now, it can arrive while this micro-batch computes
         send_forward(i, forward(i, input_tensor))  # nothing to send from the last stage
 
     if num_microbatches_remaining > 0:
         input_tensor = recv_forward(num_warmup_microbatches, shapes[num_warmup_microbatches])
     for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
         j = num_warmup_microbatches + i
-        post_recv_backward(i, shapes)  # both receives of this iteration, posted now
-        post_recv_forward(j + 1, shapes)
         output_tensor = forward(j, input_tensor)
         # Each send is posted together with the receive the neighbour sends back. With sends
         # that wait to be received, as NCCL's do, two separate calls would deadlock: both
@@ -99,7 +94,6 @@ def train_step(inputs, labels):
 
     for i in range(num_microbatches_remaining, args.micro_batches):  # cool-down: backwards only
         grad_output = recv_backward(i, shapes[i])  # None on the last stage
-        post_recv_backward(i + 1, shapes)  # likewise the next gradient
         send_backward(i, backward(i, grad_output))  # nothing to send from the first stage
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stage.is_last else None

@@ -19,8 +19,6 @@ from common import (
     build_stage,
     communicate,
     get_batch,
-    post_recv_backward,
-    post_recv_forward,
     setup,
     wait_for_sends,
 )
@@ -118,12 +116,6 @@ def train_step(inputs, labels):
                            recv_forward=input_of("forward", recv_forward),
                            recv_backward=input_of("backward", recv_backward))
 
-    def post_recv(kind, k):
-        """Post the receive of the k-th forward's or backward's input now, for a later group to pick up."""
-        if expected := input_of(kind, k):
-            micro_batch, chunk, _ = expected
-            (post_recv_forward if kind == "forward" else post_recv_backward)(micro_batch, shapes, chunk)
-
     num_warmup_microbatches = get_num_warmup_microbatches(rank)
     num_microbatches_remaining = len(table) - num_warmup_microbatches
 
@@ -134,7 +126,6 @@ def train_step(inputs, labels):
     # steady state posts both sends and both receives of a forward and a backward as one group.
     input_tensor = exchange("recv_forward", recv_forward=0)[0]  # None on the first stage
     for k in range(num_warmup_microbatches):  # warm-up: forwards only
-        post_recv("forward", k + 1)  # posted now, it can arrive while this micro-batch computes
         output_tensor = forward(k, input_tensor)
         input_tensor = exchange("send_forward_recv_forward", send_forward=(k, output_tensor), recv_forward=k + 1)[0]
 
@@ -142,8 +133,6 @@ def train_step(inputs, labels):
         grad_output = exchange("recv_backward", recv_backward=0)[1]
     for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
         j = num_warmup_microbatches + i
-        post_recv("backward", i if num_chunks == 1 else i + 1)  # this iteration's receives, posted now
-        post_recv("forward", j + 1)
         output_tensor = forward(j, input_tensor)
         if num_chunks == 1:  # 1F1B, as in 03: each send with the receive the same neighbour sends back
             grad_output = exchange("send_forward_recv_backward", send_forward=(j, output_tensor), recv_backward=i)[1]
@@ -158,7 +147,6 @@ def train_step(inputs, labels):
     if num_chunks == 1:  # 1F1B receives each gradient just before its backward: the cool-down's first one now
         grad_output = exchange("recv_backward", recv_backward=num_microbatches_remaining)[1]
     for k in range(num_microbatches_remaining, len(table)):  # cool-down: backwards only
-        post_recv("backward", k + 1)  # likewise the next gradient
         grad_input = backward(k, grad_output)
         grad_output = exchange("send_backward_recv_backward", send_backward=(k, grad_input), recv_backward=k + 1)[1]
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends

@@ -121,11 +121,11 @@ def get_batch(args, step, device):
 # the same on every rank. A receive returns once its tensor has arrived. A send returns at
 # once, and the stage goes on computing while the tensor travels; it is released (waited on,
 # its buffer freed) as soon as this rank knows the peer has it, and wait_for_sends() releases
-# the rest before the step ends. A receive can also be posted ahead of need, so that its
-# tensor arrives while the stage computes.
+# the rest before the step ends. A receive is posted with the sends of its group, when it is
+# needed: posted earlier, on gloo, its tensor is copied in by gloo's thread on the core this
+# stage computes on, which then computes slower (the README measures it).
 
 _sends = {}  # (peer, tag) -> (request, name, micro_batch, chunk): posted, not yet released
-_posted = {}  # (peer, tag) -> (request, tensor): receives posted ahead of need
 _loopback = {}  # (peer, tag) -> tensor: sent from one chunk to the next on a world of one
 
 
@@ -175,21 +175,9 @@ def communicate(name, send_forward=None, send_backward=None, recv_forward=None, 
     return input_tensor, grad_output
 
 
-def post_recv_forward(micro_batch, shapes, chunk=0):
-    """Post recv_forward of micro_batch now (if the step has one), to be picked up later."""
-    if 0 <= micro_batch < len(shapes):
-        _post_recv(micro_batch, chunk, False, shapes[micro_batch])
-
-
-def post_recv_backward(micro_batch, shapes, chunk=0):
-    """Post recv_backward of micro_batch now (if the step has one), to be picked up later."""
-    if 0 <= micro_batch < len(shapes):
-        _post_recv(micro_batch, chunk, True, shapes[micro_batch])
-
-
 def wait_for_sends():
     """Release every send still in transit: all must be received before the step ends."""
-    assert not _posted and not _loopback, f"received by no one: {sorted(_posted) + sorted(_loopback)}"
+    assert not _loopback, f"received by no one: {sorted(_loopback)}"
     for link in list(_sends):
         _release(link)
 
@@ -217,18 +205,6 @@ def _operation(op, tensor, link):
     return dist.P2POp(op, tensor, link[0], tag=0 if _sync_sends else link[1])
 
 
-def _post_recv(micro_batch, chunk, gradient, shape):
-    # A gloo send moves no data until the receive is posted. Posted late, the receive waits
-    # for the sender's gloo thread, which must first get a turn on a core busy computing.
-    # NCCL runs a pair's receives and sends as kernels in order on one stream, where an early
-    # receive would hold back this rank's sends: there, and under --sync-sends, receives are
-    # posted when needed.
-    link = _link(micro_batch, chunk, gradient, sending=False)
-    if link and link[0] != _rank and _device.type != "cuda" and not _sync_sends:
-        tensor = harness.track(torch.empty(shape, dtype=_dtype, device=_device))
-        _posted[link] = dist.batch_isend_irecv([_operation(dist.irecv, tensor, link)])[0], tensor
-
-
 def _p2p(name, sends, recvs, meanwhile=None):
     """Post sends and receives as one group, wait for the receives, and return {gradient?: tensor}.
     Each send is (micro_batch, chunk, tensor, gradient?), each receive (micro_batch, chunk, shape,
@@ -240,13 +216,14 @@ def _p2p(name, sends, recvs, meanwhile=None):
             _loopback[link] = harness.track(send[2]).detach()
     sends = [(send, link) for send, link in sends if link[0] != _rank]
     operations = [_operation(dist.isend, harness.track(send[2]).detach(), link) for send, link in sends]
-    waits = []  # (request posted ahead, index of the operation posted now, tensor)
+    received = []  # (the index of its operation, None if handed over in memory; the tensor) per receive
     for recv, link in recvs:
-        request, tensor = _posted.pop(link, (None, _loopback.pop(link, None)))
-        if tensor is None:  # not posted ahead: post it now, with the sends
-            tensor = harness.track(torch.empty(recv[2], dtype=_dtype, device=_device))
-            operations.append(_operation(dist.irecv, tensor, link))
-        waits.append((request, len(operations) - 1, tensor))
+        if link[0] == _rank:
+            received.append((None, _loopback.pop(link)))
+        else:
+            operations.append(_operation(dist.irecv, harness.track(torch.empty(recv[2], dtype=_dtype,
+                                                                               device=_device)), link))
+            received.append((len(operations) - 1, operations[-1].tensor))
     # One group: NCCL runs two ranks' sends and receives in order on one stream, so sends and
     # receives that must overlap are launched together (gloo's are independent anyway).
     requests = dist.batch_isend_irecv(operations) if operations else []
@@ -254,19 +231,19 @@ def _p2p(name, sends, recvs, meanwhile=None):
         _sends[link] = request, name, send[0], send[1]
     if meanwhile:
         meanwhile()
-    received = {}
-    for (recv, link), (request, index, tensor) in zip(recvs, waits):
-        if link[0] != _rank:
-            _wait(request or requests[index], name, recv[0], recv[1], link[0])
+    tensors = {}
+    for (recv, link), (index, tensor) in zip(recvs, received):
+        if index is not None:
+            _wait(requests[index], name, recv[0], recv[1], link[0])
         if recv[3]:  # a gradient is back, so the peer surely had the activation it came from
             _release((link[0], link[1] - 1))
-        received[recv[3]] = tensor
+        tensors[recv[3]] = tensor
     for send, link in sends:
         # NCCL's rule: a send is done once received. Otherwise, once a peer's tensor has come in
         # this group, the peer posted its receive of ours no later than it sent that one.
         if _sync_sends or any(peer == link[0] for _, (peer, _) in recvs):
             _release(link)
-    return received
+    return tensors
 
 
 def _release(link):

@@ -141,6 +141,6 @@ def variant(tmp_path, script, replace=(), prepend=""):
     for old, new in replace:
         assert old in text, old
         text = text.replace(old, new)
-    path = tmp_path / f"variant_{script}"
+    path = tmp_path / f"variant{len(list(tmp_path.glob('variant*')))}_{script}"  # a name of its own: outputs go by name
     path.write_text(prepend + text)
     return str(path)

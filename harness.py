@@ -59,7 +59,7 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on another, then gives up")
     if not one_process:
         parser.add_argument("--sync-sends", action="store_true",
-                            help="NCCL's rules on gloo: a send returns once received, no receive posted ahead")
+                            help="NCCL's rules on gloo: a send returns once received, and tags are ignored")
     parser.add_argument("--json", action="store_true", help="print one JSON line with the run's measurements")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto, chrome://tracing) of the run")
     parser.add_argument("--dump-grads", metavar="DIR", help="write each rank's gradients after the first backward")
@@ -315,7 +315,7 @@ class _Saved:
 
 
 def track(tensor):
-    """Count a tensor the schedule holds (saved for backward, stashed, in transit, posted ahead)
+    """Count a tensor the schedule holds (saved for backward, stashed, in transit)
     in the held bytes until its memory is freed, so that one kept by mistake stays counted.
     Returns the tensor."""
     if not _recorder.enabled:

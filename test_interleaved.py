@@ -107,25 +107,30 @@ def test_one_chunk_is_1f1b(runs, world, micro_batches, flags):
         assert run.summary[key] == one_f_one_b.summary[key], key
 
 
-# Every tag 0 on the wire: gloo then matches receives from one peer by posting order alone.
-ZERO_TAGS = '''"""Interleaved 1F1B with every tag 0."""
+# Each group's receives posted gradient first, while the peer sends the activation first; and, in the
+# second variant, every tag 0 on the wire, so that gloo matches receives from one peer by posting order.
+REVERSED = '''"""Interleaved 1F1B, receives posted in the other order."""
 import torch.distributed as dist
 import common
-common._operation = lambda op, tensor, link: dist.P2POp(op, tensor, link[0], tag=0)
+_p2p = common._p2p
+common._p2p = lambda name, sends, recvs, meanwhile=None: _p2p(name, sends, recvs[::-1], meanwhile)
 '''
+ZERO_TAGS = "common._operation = lambda op, tensor, link: dist.P2POp(op, tensor, link[0], tag=0)\n"
 
 
 def test_a_receive_never_gets_the_other_chunks_tensor(runs, tmp_path):
     """With two ranks the previous and the next rank are the same peer, which sends both activations and
-    gradients, all of one shape when the micro-batches are (10 samples in 5). Receives posted ahead get
-    the right tensors through their tags alone: with every tag 0 the run ends normally but with swapped
-    tensors and wrong gradients, while the script matches the baseline."""
+    gradients, all of one shape when the micro-batches are (10 samples in 5). A receive gets the right
+    tensor through its tag, whatever the order of posting: with the receives of each group posted
+    gradient first the gradients still match the baseline; with every tag 0 as well, the run ends
+    normally but with swapped tensors and wrong gradients."""
     baseline = runs("00_baseline.py", 0, *SIZE)
-    assert_close(interleaved(runs, 2, 5, 2).grads, baseline.grads, EXACT, "with tags")
-    zeroed = variant(tmp_path, SCRIPT, prepend=ZERO_TAGS)
-    run = runs(zeroed, 2, *SIZE, "--micro-batches", "5", "--virtual-stages", "2", "--timeout", "5")  # exits 0
+    flags = ("--micro-batches", "5", "--virtual-stages", "2", "--timeout", "5")
+    reversed_order = runs(variant(tmp_path, SCRIPT, prepend=REVERSED), 2, *SIZE, *flags)
+    assert_close(reversed_order.grads, baseline.grads, EXACT, "receives reversed")
+    zeroed = runs(variant(tmp_path, SCRIPT, prepend=REVERSED + ZERO_TAGS), 2, *SIZE, *flags)  # exits 0
     with pytest.raises(AssertionError, match="is off by"):
-        assert_close(run.grads, baseline.grads, EXACT, "tags zeroed")
+        assert_close(zeroed.grads, baseline.grads, EXACT, "receives reversed, tags zeroed")
 
 
 @pytest.mark.parametrize("ranks,flags,words", [
