@@ -109,12 +109,13 @@ def train_step(inputs, labels):
         if sent is not None and sent[1] is not None:
             return table[sent[0]][0], get_model_chunk_id(sent[0], kind), sent[1]
 
-    def exchange(name, send_forward=None, send_backward=None, recv_forward=None, recv_backward=None):
-        """Sends, each (k, tensor), and receives, each k, posted as one group; returns (input_tensor, grad_output)."""
+    def exchange(name, send_forward=None, send_backward=None, recv_forward=None, recv_backward=None, meanwhile=None):
+        """Sends, each (k, tensor), and receives, each k, posted as one group; meanwhile() runs while they travel.
+        Returns (input_tensor, grad_output)."""
         return communicate(name, send_forward=output_of("forward", send_forward),
                            send_backward=output_of("backward", send_backward),
                            recv_forward=input_of("forward", recv_forward),
-                           recv_backward=input_of("backward", recv_backward))
+                           recv_backward=input_of("backward", recv_backward), meanwhile=meanwhile)
 
     num_warmup_microbatches = get_num_warmup_microbatches(rank)
     num_microbatches_remaining = len(table) - num_warmup_microbatches
@@ -122,8 +123,10 @@ def train_step(inputs, labels):
     # Every send goes in one group with a receive: under NCCL's rules (sends wait to be received) a send on
     # its own can deadlock. 1F1B pairs each send with the receive from the same neighbour. With chunks the
     # ranks form a ring (rank n - 1's chunk c feeds rank 0's chunk c + 1, gradients go back the other way),
-    # and those pairs could leave every rank in a send to the previous rank, none receiving. So here the
-    # steady state posts both sends and both receives of a forward and a backward as one group.
+    # and those pairs could leave every rank in a send to the previous rank, none receiving. So here, as in
+    # Megatron-LM with overlapped P2P, each group goes one way round the ring: a forward's send with the
+    # next forward's receive, a backward's send with the next backward's receive. In the steady state each
+    # group travels while the next computation runs, and is waited on only when that one is done.
     input_tensor = exchange("recv_forward", recv_forward=0)[0]  # None on the first stage
     for k in range(num_warmup_microbatches):  # warm-up: forwards only
         output_tensor = forward(k, input_tensor)
@@ -133,16 +136,20 @@ def train_step(inputs, labels):
         grad_output = exchange("recv_backward", recv_backward=0)[1]
     for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
         j = num_warmup_microbatches + i
-        output_tensor = forward(j, input_tensor)
+        if num_chunks == 1 or i == 0:  # with chunks, later forwards run while the previous group travels
+            output_tensor = forward(j, input_tensor)
         if num_chunks == 1:  # 1F1B, as in 03: each send with the receive the same neighbour sends back
             grad_output = exchange("send_forward_recv_backward", send_forward=(j, output_tensor), recv_backward=i)[1]
             grad_input = backward(i, grad_output)
             input_tensor = exchange("send_backward_recv_forward", send_backward=(i, grad_input), recv_forward=j + 1)[0]
-        else:  # the ring: one group, which also receives the next iteration's gradient
-            grad_input = backward(i, grad_output)
-            input_tensor, grad_output = exchange("send_forward_backward_recv_forward_backward",
-                                                 send_forward=(j, output_tensor), send_backward=(i, grad_input),
-                                                 recv_forward=j + 1, recv_backward=i + 1)
+        else:  # the ring: activations one way, then gradients the other, each group travelling during a computation
+            done = {}
+            input_tensor = exchange("send_forward_recv_forward", send_forward=(j, output_tensor), recv_forward=j + 1,
+                                    meanwhile=lambda: done.update(grad_input=backward(i, grad_output)))[0]
+            next_forward = None if j + 1 == len(table) else lambda: done.update(output=forward(j + 1, input_tensor))
+            grad_output = exchange("send_backward_recv_backward", send_backward=(i, done["grad_input"]),
+                                   recv_backward=i + 1, meanwhile=next_forward)[1]  # the next iteration's gradient
+            output_tensor = done.get("output")
 
     if num_chunks == 1:  # 1F1B receives each gradient just before its backward: the cool-down's first one now
         grad_output = exchange("recv_backward", recv_backward=num_microbatches_remaining)[1]

@@ -26,7 +26,8 @@ CASES = [
     (0, 3, 2, 7, ()), (0, 4, 3, 7, ()),
     (2, 1, 2, 7, ()), (2, 2, 2, 7, SYNC), (2, 3, 3, 7, SYNC), (2, 5, 2, 7, ()),
     (3, 2, 2, 7, SYNC), (3, 4, 2, 7, ()), (3, 5, 3, 9, ()),
-    (4, 3, 2, 9, SYNC), (4, 4, 2, 9, ()), (4, 7, 2, 9, ()), (4, 7, 2, 9, SYNC),
+    (4, 3, 2, 9, SYNC), (4, 4, 2, 9, ()), (4, 7, 2, 9, ()), (4, 7, 2, 9, SYNC), (4, 8, 2, 9, SYNC),
+    (2, 8, 3, 7, SYNC),
 ]
 
 
@@ -107,8 +108,19 @@ def test_one_chunk_is_1f1b(runs, world, micro_batches, flags):
         assert run.summary[key] == one_f_one_b.summary[key], key
 
 
-# Each group's receives posted gradient first, while the peer sends the activation first; and, in the
-# second variant, every tag 0 on the wire, so that gloo matches receives from one peer by posting order.
+# Megatron-LM's steady state without overlap: one group of both sends and both receives per iteration.
+ONE_GROUP = [
+    ("if num_chunks == 1 or i == 0:", "if True:"),
+    ('''            done = {}
+            input_tensor = exchange("send_forward_recv_forward",''',
+     '''            grad_input = backward(i, grad_output)
+            input_tensor, grad_output = exchange("one_group", send_backward=(i, grad_input), recv_backward=i + 1,
+                                                 send_forward=(j, output_tensor), recv_forward=j + 1)
+            continue
+            input_tensor = exchange("send_forward_recv_forward",'''),
+]
+# Its receives posted gradient first, while the peer sends the activation first; and, in the second
+# variant, every tag 0 on the wire, so that gloo matches the receives from one peer by posting order.
 REVERSED = '''"""Interleaved 1F1B, receives posted in the other order."""
 import torch.distributed as dist
 import common
@@ -121,14 +133,14 @@ ZERO_TAGS = "common._operation = lambda op, tensor, link: dist.P2POp(op, tensor,
 def test_a_receive_never_gets_the_other_chunks_tensor(runs, tmp_path):
     """With two ranks the previous and the next rank are the same peer, which sends both activations and
     gradients, all of one shape when the micro-batches are (10 samples in 5). A receive gets the right
-    tensor through its tag, whatever the order of posting: with the receives of each group posted
-    gradient first the gradients still match the baseline; with every tag 0 as well, the run ends
-    normally but with swapped tensors and wrong gradients."""
+    tensor through its tag, whatever the order of posting: in one group of both receives posted gradient
+    first, the gradients still match the baseline; with every tag 0 as well, the run ends normally but
+    with swapped tensors and wrong gradients."""
     baseline = runs("00_baseline.py", 0, *SIZE)
     flags = ("--micro-batches", "5", "--virtual-stages", "2", "--timeout", "5")
-    reversed_order = runs(variant(tmp_path, SCRIPT, prepend=REVERSED), 2, *SIZE, *flags)
+    reversed_order = runs(variant(tmp_path, SCRIPT, ONE_GROUP, prepend=REVERSED), 2, *SIZE, *flags)
     assert_close(reversed_order.grads, baseline.grads, EXACT, "receives reversed")
-    zeroed = runs(variant(tmp_path, SCRIPT, prepend=REVERSED + ZERO_TAGS), 2, *SIZE, *flags)  # exits 0
+    zeroed = runs(variant(tmp_path, SCRIPT, ONE_GROUP, prepend=REVERSED + ZERO_TAGS), 2, *SIZE, *flags)  # exits 0
     with pytest.raises(AssertionError, match="is off by"):
         assert_close(zeroed.grads, baseline.grads, EXACT, "receives reversed, tags zeroed")
 
