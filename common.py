@@ -237,6 +237,9 @@ def _p2p(name, sends, recvs, meanwhile=None):
             _wait(requests[index], name, recv[0], recv[1], link[0])
         if recv[3]:  # a gradient is back, so the peer surely had the activation it came from
             _release((link[0], link[1] - 1))
+        else:  # an activation: its sender posted the receive of every gradient we sent it no later than this
+            for sent in [sent for sent in _sends if sent[0] == link[0] and sent[1] % 2]:
+                _release(sent)
         tensors[recv[3]] = tensor
     for send, link in sends:
         # NCCL's rule: a send is done once received. Otherwise, once a peer's tensor has come in

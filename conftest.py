@@ -15,6 +15,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # 7 layers: not divisible by 2, 3 or 4 ranks. 10 samples: 3, 4 and 7 micro-batches do not divide it.
 SIZE = ("--layers", "7", "--hidden", "24", "--batch-size", "10", "--steps", "3", "--threads", "1",
         "--lr", "0.01", "--dtype", "float64")
+# a size whose bytes are easy to count: 16 layers, a micro-batch of 2 rows of 24 float64 (384 B) when m is 8
+MEMORY = ("--layers", "16") + SIZE[2:4] + ("--batch-size", "16") + SIZE[6:]
 SYNC = ("--sync-sends",)  # NCCL's rules on gloo: every send waits for its receiver, receives matched by order
 
 # (script, world size, micro-batches, flags): one micro-batch, fewer than the stages, as many,

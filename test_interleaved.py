@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SIZE, SYNC, pipelined, torchrun, variant
+from conftest import MEMORY, SIZE, SYNC, pipelined, torchrun, variant
 from test_equivalence import EXACT, assert_close
 from test_failures import assert_one_sentence, run_quietly
 
@@ -81,6 +81,17 @@ def test_rank_0_holds_v_plus_1_groups_less_one(runs):
     """The memory price: rank 0 keeps (v + 1) n - 1 chunks' activations alive (once m v is that many),
     against 1F1B's n stages'."""
     assert interleaved(runs, 4, 7, 2, 9).summary["peak_inflight_microbatches"][0] == (2 + 1) * 4 - 1
+
+
+def test_held_bytes_are_the_activations_and_3_tensors_in_transit(runs):
+    """Sends are released as soon as their receiver surely has them, also round the ring: at 4 ranks, 8
+    micro-batches and 16 layers, every rank holds its chunks' activations plus at most 3 tensors (a gradient
+    received and one sent, and the next forward's input), as 1F1B does. Kept to the step's end, the
+    gradients sent would add up to m v of them."""
+    summary = pipelined(runs, SCRIPT, 4, 8, "--virtual-stages", "2", size=MEMORY).summary
+    unit = 2 * 24 * 8  # one micro-batch's rows x hidden, float64
+    for rank, (kept, held) in enumerate(zip(summary["peak_activation_bytes"], summary["peak_held_bytes"])):
+        assert kept < held <= kept + 3 * unit, (rank, (held - kept) / unit)
 
 
 def spans(run):

@@ -5,10 +5,9 @@ import subprocess
 
 import pytest
 
-from conftest import CASES, ENV, HERE, SIZE, case_id, pipelined, torchrun
+from conftest import CASES, ENV, HERE, MEMORY, SIZE, case_id, pipelined, torchrun
 
 # 16 layers, 16 samples in 8 equal micro-batches on 4 stages: every micro-batch holds the same bytes.
-MEMORY = ("--layers", "16") + SIZE[2:4] + ("--batch-size", "16") + SIZE[6:]
 ROW_BYTES = 24 * 8  # one sample's activation: hidden 24, float64
 
 # What each schedule keeps alive on rank r of n with m micro-batches, derived independently of the scripts.

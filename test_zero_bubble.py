@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import SIZE, SYNC, case_id, launch, pipelined, variant
+from conftest import MEMORY, SIZE, SYNC, case_id, launch, pipelined, variant
 from test_equivalence import EXACT, assert_close
 
 SCRIPT = "05_zero_bubble.py"
@@ -17,7 +17,6 @@ SCRIPT = "05_zero_bubble.py"
 CASES = [(1, 3, ()), (2, 3, SYNC), (3, 1, SYNC), (4, 2, ()), (3, 3, ()), (4, 4, SYNC), (4, 7, ()), (4, 7, SYNC)]
 
 # 16 layers, 16 samples in 8 equal micro-batches on 4 stages of 4 blocks (the last one with the head).
-MEMORY = ("--layers", "16") + SIZE[2:4] + ("--batch-size", "16") + SIZE[6:]
 
 
 def zb_h1(n, m, rank):
