@@ -122,8 +122,8 @@ def get_batch(args, step, device):
 # once, and the stage goes on computing while the tensor travels; it is released (waited on,
 # its buffer freed) as soon as this rank knows the peer has it, and wait_for_sends() releases
 # the rest before the step ends. A receive is posted with the sends of its group, when it is
-# needed: posted earlier, on gloo, its tensor is copied in by gloo's thread on the core this
-# stage computes on, which then computes slower (the README measures it).
+# needed: posted a computation earlier, it made no schedule here faster on gloo and 04 slower
+# (the README measures it).
 
 _sends = {}  # (peer, tag) -> (request, name, micro_batch, chunk): posted, not yet released
 _loopback = {}  # (peer, tag) -> tensor: sent from one chunk to the next on a world of one
