@@ -87,7 +87,7 @@ def test_held_bytes_are_the_activations_and_3_tensors_in_transit(runs):
     """Sends are released as soon as their receiver surely has them, also round the ring: at 4 ranks, 8
     micro-batches and 16 layers, every rank holds its chunks' activations plus at most 3 tensors (a gradient
     received and one sent, and the next forward's input), as 1F1B does. Kept to the step's end, the
-    gradients sent would add up to m v of them."""
+    gradients sent pile up (rank 0 then holds 6 tensors above its activations)."""
     summary = pipelined(runs, SCRIPT, 4, 8, "--virtual-stages", "2", size=MEMORY).summary
     unit = 2 * 24 * 8  # one micro-batch's rows x hidden, float64
     for rank, (kept, held) in enumerate(zip(summary["peak_activation_bytes"], summary["peak_held_bytes"])):
