@@ -7,7 +7,6 @@ import pytest
 
 from conftest import CASES, ENV, HERE, MEMORY, SIZE, case_id, pipelined, torchrun
 
-# 16 layers, 16 samples in 8 equal micro-batches on 4 stages: every micro-batch holds the same bytes.
 ROW_BYTES = 24 * 8  # one sample's activation: hidden 24, float64
 
 # What each schedule keeps alive on rank r of n with m micro-batches, derived independently of the scripts.

@@ -16,8 +16,6 @@ SCRIPT = "05_zero_bubble.py"
 # do not divide. Under --sync-sends a deadlock would stop the run.
 CASES = [(1, 3, ()), (2, 3, SYNC), (3, 1, SYNC), (4, 2, ()), (3, 3, ()), (4, 4, SYNC), (4, 7, ()), (4, 7, SYNC)]
 
-# 16 layers, 16 samples in 8 equal micro-batches on 4 stages of 4 blocks (the last one with the head).
-
 
 def zb_h1(n, m, rank):
     """Rank's compute order, derived from the paper's rule: 1F1B's forwards and backwards, and after
