@@ -171,5 +171,5 @@ for step in range(args.steps):
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
 # alive at a rank's first backward, its peak: the real entries among its first num_warmup_microbatches + 1
-report(args, expected_inflight=lambda rank: sum(entry is not None
+report(args, stages, expected_inflight=lambda rank: sum(entry is not None
                                                 for entry in table[:get_num_warmup_microbatches(rank) + 1]))

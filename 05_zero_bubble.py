@@ -157,5 +157,5 @@ for step in range(args.steps):
 dump(args.dump_params, dict(stage.named_parameters()))
 # in flight from F to W: 1F1B's n - r micro-batches, and the `rank` more whose W is deferred
 n, m = world_size, args.micro_batches
-report(args, expected_inflight=lambda rank: min(n, m),
+report(args, [stage], expected_inflight=lambda rank: min(n, m),
        bubble_theory=1 - 3 * m / max(3 * m + n - 1, 2 * m + 2 * n - 1))  # equal F, B, W; see the README

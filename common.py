@@ -20,12 +20,13 @@ NUM_CLASSES = 10
 
 _rank, _world_size, _device, _dtype = 0, 1, torch.device("cpu"), torch.float32
 _num_chunks = 1  # model chunks per rank: 1, except in the interleaved schedule
+_placement = "loop"  # where a rank's chunks sit: chunk c of rank r is stage c n + r ("loop")
 _sync_sends = False  # --sync-sends: NCCL's rules on gloo
 
 
-def setup(args):
+def setup(args, placement="loop"):
     """Join the process group torchrun describes (a world of one without torchrun)."""
-    global _rank, _world_size, _device, _dtype, _num_chunks, _sync_sends
+    global _rank, _world_size, _device, _dtype, _num_chunks, _sync_sends, _placement
     harness.before_setup(args)  # cores and threads
     timeout = datetime.timedelta(seconds=args.timeout)  # bounds every wait, on every backend
     if "RANK" not in os.environ:
@@ -37,7 +38,7 @@ def setup(args):
     else:
         dist.init_process_group("gloo", timeout=timeout)
     _rank, _world_size, _dtype = dist.get_rank(), dist.get_world_size(), getattr(torch, args.dtype)
-    _num_chunks, _sync_sends = args.virtual_stages, args.sync_sends
+    _num_chunks, _sync_sends, _placement = args.virtual_stages, args.sync_sends, placement
     harness.after_setup(args, _device)  # the same flags on every rank, one clock, errors as sentences
     return _rank, _world_size, _device
 
@@ -71,7 +72,7 @@ class Stage(nn.Module):
 
     def __init__(self, args, first, last, has_head):
         super().__init__()
-        self.is_first, self.is_last = first == 0, has_head
+        self.is_first, self.is_last, self.layers = first == 0, has_head, (first, last)
         self.blocks = nn.ModuleDict({str(layer): nn.Linear(args.hidden, args.hidden) for layer in range(first, last)})
         self.head = nn.Linear(args.hidden, NUM_CLASSES) if has_head else None
         with torch.no_grad():
@@ -216,6 +217,7 @@ def _p2p(name, sends, recvs, meanwhile=None):
             _loopback[link] = harness.track(send[2]).detach()
     sends = [(send, link) for send, link in sends if link[0] != _rank]
     operations = [_operation(dist.isend, harness.track(send[2]).detach(), link) for send, link in sends]
+    harness.posted([link for _, link in sends], [link for _, link in recvs if link[0] != _rank])
     received = []  # (the index of its operation, None if handed over in memory; the tensor) per receive
     for recv, link in recvs:
         if link[0] == _rank:

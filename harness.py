@@ -23,8 +23,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import common
-
 KINDS = ("forward", "backward", "weight", "wait")  # what a recorded span can be; the first three are compute
 LETTERS = {"forward": "F", "backward": "B", "weight": "W"}
 
@@ -60,6 +58,9 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     if not one_process:
         parser.add_argument("--sync-sends", action="store_true",
                             help="NCCL's rules on gloo: a send returns once received, and tags are ignored")
+    parser.add_argument("--pace", type=float, default=0.0, metavar="MS",
+                        help="pad every forward, backward and weight-gradient span to MS milliseconds by sleeping, "
+                             "so the timeline shows the schedule alone")
     parser.add_argument("--json", action="store_true", help="print one JSON line with the run's measurements")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto, chrome://tracing) of the run")
     parser.add_argument("--dump-grads", metavar="DIR", help="write each rank's gradients after the first backward")
@@ -85,6 +86,8 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     for flag in ("lr", "timeout"):
         if not getattr(args, flag) > 0:
             fail(f"--{flag} must be a positive number, not {getattr(args, flag)}.")
+    if not 0 <= args.pace < 1e3 * args.timeout:
+        fail(f"--pace must be between 0 (off) and --timeout in milliseconds ({1e3 * args.timeout:g}), not {args.pace}.")
     if not 1 <= args.micro_batches <= args.batch_size:
         fail(f"--micro-batches must be between 1 and --batch-size ({args.batch_size}), not {args.micro_batches}.")
     if one_process and world_size > 1:
@@ -144,7 +147,7 @@ def before_setup(args):
               "measured bubble includes time spent waiting for a core", flush=True)
     _pin_to_cores(cores, args.threads)
     torch.set_num_threads(args.threads)
-    _recorder.enabled, _recorder.alternate = not args.no_instrument, args.overhead
+    _recorder.enabled, _recorder.alternate, _recorder.pace = not args.no_instrument, args.overhead, args.pace / 1e3
 
 
 def after_setup(args, device):
@@ -346,6 +349,9 @@ class _Recorder:
         self.spans = []  # [step, kind, micro_batch, chunk, start, end]
         self.steps = []  # [step, start, end]
         self.pending = []  # on CUDA: spans whose events are read once the step is over
+        self.pace = 0.0  # --pace, in seconds: every computation padded to it
+        self.overruns = 0  # computations that took longer than --pace
+        self.posts = []  # [step, sent?, peer, tag, time]: when each send and receive was posted
         self.losses = []
         self.saved, self.held = _Meter(), _Meter()
 
@@ -376,15 +382,32 @@ def _mark():
 
 @contextlib.contextmanager
 def record(kind, micro_batch, chunk=0):
-    """Time one forward, backward, weight-gradient pass or wait; a forward also counts what it saves."""
+    """Time one forward, backward, weight-gradient pass or wait; a forward also counts what it saves.
+    With --pace, a computation then sleeps out the rest of its span."""
+    began = time.perf_counter()
     if not _recorder.enabled:
         yield
-        return
-    start = _mark()
-    hooks = torch.autograd.graph.saved_tensors_hooks(_recorder.pack, _recorder.unpack)
-    with hooks if kind == "forward" else contextlib.nullcontext():
-        yield
-    _recorder.pending.append([_recorder.step, KINDS.index(kind), micro_batch, chunk, start, _mark()])
+    else:
+        start = _mark()
+        hooks = torch.autograd.graph.saved_tensors_hooks(_recorder.pack, _recorder.unpack)
+        with hooks if kind == "forward" else contextlib.nullcontext():
+            yield
+    if _recorder.pace and kind != "wait":
+        if _device.type == "cuda":
+            torch.cuda.synchronize(_device)  # pacing times the arithmetic itself, so it waits for it
+        left = began + _recorder.pace - time.perf_counter()
+        _recorder.overruns += left < 0
+        time.sleep(max(0.0, left))
+    if _recorder.enabled:
+        _recorder.pending.append([_recorder.step, KINDS.index(kind), micro_batch, chunk, start, _mark()])
+
+
+def posted(send_links, recv_links):
+    """Note when sends and receives to other ranks are posted: (peer, tag) each, peer a global rank."""
+    if _recorder.enabled:
+        now = time.perf_counter() + _clock_offset
+        _recorder.posts += [[_recorder.step, sent, peer, tag, now]
+                            for sent, links in ((1, send_links), (0, recv_links)) for peer, tag in links]
 
 
 @contextlib.contextmanager
@@ -418,31 +441,68 @@ def log_step(step, loss):
 # ----------------------------------------------------------------------------- report
 
 
-def report(args, expected_inflight, bubble_theory=None):
+def report(args, stages, expected_inflight, bubble_theory=None):
     """Gather every rank's measurements on rank 0, print the timeline, the table and the JSON
     line, and end the run.
 
-    expected_inflight(rank): how many micro-batches (or micro-batch and chunk pairs) the schedule
-    keeps alive on that rank. bubble_theory: the schedule's, if not (n - 1) / (v m + n - 1).
+    stages: this rank's model chunks (their .layers). expected_inflight(rank): how many micro-batches
+    (or micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the
+    schedule's, if not (n - 1) / (v m + n - 1). bubble_at_costs(F, B, W): the schedule's bubble at
+    the mean forward, backward and weight-gradient times this run measured.
     """
     cuda_peak = torch.cuda.max_memory_allocated(_device) if _device.type == "cuda" else -1
-    memory = [_recorder.saved.peak, _recorder.held.peak, cuda_peak]
-    spans, steps, losses, memory = (_gather(rows, width) for rows, width in (
-        (_recorder.spans, 6), (_recorder.steps, 3), ([[loss] for loss in _recorder.losses], 1), ([memory], 3)))
+    memory = [_recorder.saved.peak, _recorder.held.peak, cuda_peak, _recorder.overruns]
+    layers = [[*stage.layers] for stage in stages]
+    spans, steps, losses, memory, posts, layers = (_gather(rows, width) for rows, width in (
+        (_recorder.spans, 6), (_recorder.steps, 3), ([[loss] for loss in _recorder.losses], 1), ([memory], 4),
+        (_recorder.posts, 5), (layers, 2)))
     if _rank == 0:
         summary = _summarize(args, spans, steps, losses[-1][:, 0].tolist(), memory, expected_inflight)
         if bubble_theory is not None:
             summary["bubble_theory"] = bubble_theory
+        chunks = len(stages) > 1  # label spans with their model chunk
+        summary["stage_layers"] = [[[int(first), int(last)] for first, last in rank.tolist()] for rank in layers]
+        summary["stage_layers"] = [rank if chunks else rank[0] for rank in summary["stage_layers"]]
         if not args.no_instrument:
-            print(_timeline(spans, args.virtual_stages > 1))
+            _compare(args, summary, spans, posts, memory, layers)
+            print(_timeline(spans, chunks))
             print(_table(summary))
         else:
             print(f"step time (median) {summary['step_ms_median']:.1f} ms")
         if args.trace:
-            _write_trace(args.trace, spans, args.virtual_stages > 1)
+            _write_trace(args.trace, spans, chunks)
         if args.json:
             print(json.dumps(summary), flush=True)
     finish()
+
+
+def _compare(args, summary, spans, posts, memory, layers):
+    """The busiest rank against the theory and against this run's order replayed at its mean span
+    times, and the sends posted before their receive, over the measured steps."""
+    busiest = max(range(len(spans)), key=lambda rank: summary["compute_ms"][rank])
+    summary["busiest_rank"], summary["bubble_busiest"] = busiest, summary["bubble_per_rank"][busiest]
+    measured = _measured_steps(args)
+    rows = torch.cat([s[torch.isin(s[:, 0], torch.tensor(measured, dtype=s.dtype))] for s in spans])
+    summary["span_ms"] = {kind: 1e3 * float((picked[:, 5] - picked[:, 4]).mean()) for index, kind in
+                          enumerate(KINDS[:3]) if len(picked := rows[rows[:, 1] == index])}
+    last = [s[s[:, 0] == measured[-1]] for s in spans]
+    orders = [[tuple(int(x) for x in span[1:4]) for span in sorted(rows.tolist(), key=lambda span: span[4])
+               if span[1] < KINDS.index("wait")] for rows in last]
+    summary["bubble_at_costs"] = _replay(orders, layers, summary["span_ms"])[busiest]
+    # A send is matched with its receive by sender, receiver, tag and order, as gloo matches them.
+    early = [0] * len(spans)
+    queues = {}
+    for rank, rows in enumerate(posts):
+        for step, sent, peer, tag, when in rows.tolist():
+            if step in measured:
+                sender, receiver = (rank, int(peer)) if sent else (int(peer), rank)
+                queues.setdefault((step, sender, receiver, tag, sent), []).append(when)
+    for (step, sender, receiver, tag, sent), times in queues.items():
+        if sent:
+            receives = queues.get((step, sender, receiver, tag, 0), [])
+            early[sender] += sum(when < received for when, received in zip(times, receives))
+    summary["sends_before_receive"] = early
+    summary["pace_ms"], summary["paced_overruns"] = args.pace, sum(int(rank[0, 3]) for rank in memory)
 
 
 def _gather(rows, width):
@@ -460,12 +520,10 @@ def _gather(rows, width):
 
 def _summarize(args, spans, steps, losses, memory, expected_inflight):
     n, m, v = _world_size, args.micro_batches, args.virtual_stages
-    # The first step pays for warm-up (allocations, thread pools); measure the rest.
-    timed = list(range(1, args.steps)) if args.steps > 1 else [0]
+    timed = _timed_steps(args)
     step_ms = {step: 1e3 * (max(float(s[step, 2]) for s in steps) - min(float(s[step, 1]) for s in steps))
                for step in timed}
-    measured = [step for step in timed if not args.overhead or step % 2 == 0]  # the instrumented ones
-    stages = common.partition(args.layers, n * v)
+    measured = _measured_steps(args)
     summary = {
         "script": os.path.basename(sys.argv[0]), "world_size": n, "num_microbatches": m, "virtual_stages": v,
         "batch_size": args.batch_size, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
@@ -497,12 +555,48 @@ def _summarize(args, spans, steps, losses, memory, expected_inflight):
         "expected_inflight_microbatches": [expected_inflight(rank) for rank in range(n)],
         "peak_activation_bytes": [int(rank[0, 0]) for rank in memory],
         "peak_held_bytes": [int(rank[0, 1]) for rank in memory],
-        "stage_layers": [[list(stages[chunk * n + rank]) for chunk in range(v)] if v > 1 else list(stages[rank])
-                         for rank in range(n)],
     })
     if _device.type == "cuda":
         summary["cuda_max_memory_allocated"] = [int(rank[0, 2]) for rank in memory]
     return summary
+
+
+def _replay(orders, layers, span_ms):
+    """Each rank's bubble if it ran its order of (kind, micro_batch, chunk) with every span of a kind
+    taking span_ms[kind] and messages taking no time: a forward waits for the previous stage's, a
+    backward for the next stage's (the last stage's for its own forward), a W for its B. Stages are
+    ordered by their first layer, from `layers` (each rank's chunks' [first, last])."""
+    firsts = sorted(float(rank[chunk, 0]) for rank in layers for chunk in range(len(rank)))
+    stage_of = {(rank, chunk): firsts.index(float(rows[chunk, 0])) for rank, rows in enumerate(layers)
+                for chunk in range(len(rows))}
+    last_stage, done, clock, position = len(firsts) - 1, {}, [0.0] * len(orders), [0] * len(orders)
+    progress = True
+    while progress:
+        progress = False
+        for rank, order in enumerate(orders):
+            while position[rank] < len(order):
+                kind, micro_batch, chunk = order[position[rank]]
+                stage = stage_of[rank, chunk]
+                needs = {0: (0, stage - 1), 1: (1, stage + 1) if stage < last_stage else (0, stage),
+                         2: (1, stage)}[kind]
+                if needs[1] >= 0 and (needs[0], micro_batch, needs[1]) not in done:
+                    break  # its input is not ready yet: another rank first
+                start = max(clock[rank], done.get((needs[0], micro_batch, needs[1]), 0.0))
+                clock[rank] = done[kind, micro_batch, stage] = start + span_ms[KINDS[kind]]
+                position[rank] += 1
+                progress = True
+    span = max(clock)
+    return [1 - sum(span_ms[KINDS[kind]] for kind, _, _ in order) / span for order in orders]
+
+
+def _timed_steps(args):
+    """The first step pays for warm-up (allocations, thread pools); measure the rest."""
+    return list(range(1, args.steps)) if args.steps > 1 else [0]
+
+
+def _measured_steps(args):
+    """The timed steps that were instrumented (--overhead: the even ones)."""
+    return [step for step in _timed_steps(args) if not args.overhead or step % 2 == 0]
 
 
 def _peak_inflight(work):
@@ -557,7 +651,7 @@ def _table(summary):
     lines = [" ".join(f"{h:>11}" for h in header)]
     for rank in range(summary["world_size"]):
         layers = summary["stage_layers"][rank]
-        layers = ",".join(f"{first}-{last - 1}" for first, last in (layers if summary["virtual_stages"] > 1
+        layers = ",".join(f"{first}-{last - 1}" for first, last in (layers if isinstance(layers[0], list)
                                                                       else [layers]))
         lines.append(" ".join(f"{v:>11}" for v in (
             rank, layers, f"{summary['compute_ms'][rank]:.1f}", f"{summary['idle_ms'][rank]:.1f}",
@@ -568,7 +662,15 @@ def _table(summary):
         lines.append("torch.cuda.max_memory_allocated per rank: " +
                      ", ".join(_bytes(b) for b in summary["cuda_max_memory_allocated"]))
     lines.append(f"step time (median) {summary['step_ms_median']:.1f} ms, bubble {summary['bubble_measured']:.3f} "
-                 f"measured (mean over ranks), {summary['bubble_theory']:.3f} in theory")
+                 f"measured (mean over ranks), {summary['bubble_theory']:.3f} in theory; busiest rank "
+                 f"{summary['busiest_rank']}: {summary['bubble_busiest']:.3f}")
+    costs = ", ".join(f"{LETTERS[kind]} {ms:.2f}" for kind, ms in summary["span_ms"].items())
+    if "bubble_at_costs" in summary:
+        lines.append(f"at this run's mean span times ({costs} ms) the theory is {summary['bubble_at_costs']:.3f}")
+    lines.append(f"sends posted before their receive, per rank: {summary['sends_before_receive']}")
+    if summary["pace_ms"]:
+        lines.append(f"--pace {summary['pace_ms']:g}: every computation padded to {summary['pace_ms']:g} ms"
+                     + (f"; {summary['paced_overruns']} took longer" if summary["paced_overruns"] else ""))
     if "step_ms_median_bare" in summary:
         instrumented, bare = summary["step_ms_median"], summary["step_ms_median_bare"]
         lines.append(f"--overhead: {instrumented:.1f} ms a step instrumented (even steps), {bare:.1f} ms bare "
