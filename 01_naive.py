@@ -84,4 +84,4 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
-report(args, [stage], expected_inflight=lambda rank: 1)
+report(args, [stage], expected_inflight=lambda rank: 1, bubble_theory=(world_size - 1) / world_size)

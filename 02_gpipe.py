@@ -87,4 +87,5 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
-report(args, [stage], expected_inflight=lambda rank: args.micro_batches)
+report(args, [stage], expected_inflight=lambda rank: args.micro_batches,
+       bubble_theory=(world_size - 1) / (args.micro_batches + world_size - 1))

@@ -13,20 +13,27 @@ import zlib
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
 
 import harness
 
 NUM_CLASSES = 10
 
 _rank, _world_size, _device, _dtype = 0, 1, torch.device("cpu"), torch.float32
-_num_chunks = 1  # model chunks per rank: 1, except in the interleaved schedule
-_placement = "loop"  # where a rank's chunks sit: chunk c of rank r is stage c n + r ("loop")
+_num_chunks = 1  # model chunks per rank: 1, except in the interleaved and V schedules
+_placement = "loop"  # where a rank's chunks sit: chunk c of rank r is stage c n + r ("loop"), or r and 2n - 1 - r ("v")
 _sync_sends = False  # --sync-sends: NCCL's rules on gloo
+_mesh = None  # 07: the world as pipelines side by side, named axes "dp" (which pipeline) and "pp" (which stage)
+_group = None  # the group the helpers send and receive in: this rank's pipeline (07), else the world
 
 
-def setup(args, placement="loop"):
-    """Join the process group torchrun describes (a world of one without torchrun)."""
-    global _rank, _world_size, _device, _dtype, _num_chunks, _sync_sends, _placement
+def setup(args, placement="loop", data_parallel=False):
+    """Join the process group torchrun describes (a world of one without torchrun).
+
+    data_parallel (07): the world is --data-parallel pipelines side by side, device_mesh() names
+    the two axes, and the rank and world size returned (which the helpers use) are this rank's
+    stage in its pipeline and the number of stages."""
+    global _rank, _world_size, _device, _dtype, _num_chunks, _sync_sends, _placement, _mesh, _group
     harness.before_setup(args)  # cores and threads
     timeout = datetime.timedelta(seconds=args.timeout)  # bounds every wait, on every backend
     if "RANK" not in os.environ:
@@ -40,7 +47,22 @@ def setup(args, placement="loop"):
     _rank, _world_size, _dtype = dist.get_rank(), dist.get_world_size(), getattr(torch, args.dtype)
     _num_chunks, _sync_sends, _placement = args.virtual_stages, args.sync_sends, placement
     harness.after_setup(args, _device)  # the same flags on every rank, one clock, errors as sentences
+    if data_parallel:
+        # New groups wait 30 minutes by default, whatever init_process_group was given: pass --timeout on.
+        options = dist.ProcessGroupNCCL.Options() if _device.type == "cuda" else dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        # Rank = copy * stages + stage: a pipeline's stages are consecutive ranks, a stage's copies
+        # are a pipeline's length apart.
+        _mesh = init_device_mesh(_device.type, (args.data_parallel, _world_size // args.data_parallel),
+                                 mesh_dim_names=("dp", "pp"), backend_override={"dp": options, "pp": options})
+        _group, _rank, _world_size = _mesh.get_group("pp"), _mesh.get_local_rank("pp"), _mesh.size(1)
     return _rank, _world_size, _device
+
+
+def device_mesh():
+    """The grid setup(args, data_parallel=True) built: mesh["pp"] is this rank's pipeline, mesh["dp"]
+    the copies of its stage, one in each pipeline."""
+    return _mesh
 
 
 # ----------------------------------------------------------------------------- model
@@ -117,17 +139,18 @@ def get_batch(args, step, device):
 
 # ----------------------------------------------------------------------------- point-to-point
 # Named by direction, as seen from this stage; `chunk` is which of this rank's model chunks
-# (stage chunk * world_size + rank) sends or receives: always 0 but in the interleaved
-# schedule. Each does nothing (and receives None) where the pipeline ends, so a schedule reads
-# the same on every rank. A receive returns once its tensor has arrived. A send returns at
-# once, and the stage goes on computing while the tensor travels; it is released (waited on,
-# its buffer freed) as soon as this rank knows the peer has it, and wait_for_sends() releases
-# the rest before the step ends. A receive is posted with the sends of its group, when it is
-# needed: posted a computation earlier, it made no schedule here faster on gloo and 04 slower
-# (the README measures it).
+# (stage chunk * world_size + rank; on the V, stage rank or 2 world_size - 1 - rank) sends or
+# receives: always 0 but in the interleaved and V schedules. Each does nothing (and receives
+# None) where the pipeline ends, so a schedule reads the same on every rank. A receive returns
+# once its tensor has arrived. A send returns at once, and the stage goes on computing while
+# the tensor travels; it is released (waited on, its buffer freed) as soon as this rank knows
+# the peer has it, and wait_for_sends() releases the rest before the step ends. A receive is
+# posted with the sends of its group, when it is needed: posted a computation earlier, it made
+# no schedule here faster on gloo and 04 slower (the README measures it).
 
 _sends = {}  # (peer, tag) -> (request, name, micro_batch, chunk): posted, not yet released
-_loopback = {}  # (peer, tag) -> tensor: sent from one chunk to the next on a world of one
+_receiving = []  # [request, name, micro_batch, chunk, peer]: receives posted, not yet waited on
+_loopback = {}  # (peer, tag) -> tensor: sent from one chunk to the next on the same rank (a world of one, the V)
 
 
 def recv_forward(micro_batch, shape, chunk=0):
@@ -176,6 +199,16 @@ def communicate(name, send_forward=None, send_backward=None, recv_forward=None, 
     return input_tensor, grad_output
 
 
+def send_and_receive(name, sends=(), recvs=()):
+    """Any number of sends and receives, posted as one group: each send is (micro_batch, chunk, tensor,
+    gradient?), each receive (micro_batch, chunk, shape, gradient?). Returns (input_tensor, grad_output)
+    as communicate does: one receive of each kind at most."""
+    received = _p2p(name, list(sends), list(recvs))
+    if received.get(False) is not None:
+        received[False].requires_grad_()  # a leaf: backward leaves the gradient to send back in its .grad
+    return received.get(False), received.get(True)
+
+
 def wait_for_sends():
     """Release every send still in transit: all must be received before the step ends."""
     assert not _loopback, f"received by no one: {sorted(_loopback)}"
@@ -191,19 +224,27 @@ def _link(micro_batch, chunk, gradient, sending):
     gloo matches a receive to a send by peer and tag, so a receive gets only the tensor it was
     posted for, even when one peer sends two kinds (the interleaved schedule with two ranks).
     """
-    stage = chunk * _world_size + _rank
+    last = _world_size * _num_chunks - 1
+    stage = chunk * _world_size + _rank if _placement == "loop" else (_rank, last - _rank)[chunk]
     toward_next = sending != gradient
     boundary = stage if toward_next else stage - 1
-    if not 0 <= boundary < _world_size * _num_chunks - 1:
+    if not 0 <= boundary < last:
         return None
     tag = (micro_batch * _world_size * _num_chunks + boundary) * 2 + gradient
-    return (_rank + (1 if toward_next else -1)) % _world_size, tag
+    neighbour = stage + 1 if toward_next else stage - 1
+    # the V: stages s and 2n - 1 - s sit on one rank, so the bottom rank's chunks are neighbours (a link to itself)
+    return neighbour % _world_size if _placement == "loop" else min(neighbour, last - neighbour), tag
 
 
 def _operation(op, tensor, link):
     # NCCL ignores tags and matches by order alone: so does --sync-sends (every tag 0), which makes
     # a schedule that posts in the wrong order fail the gradient check on gloo too.
-    return dist.P2POp(op, tensor, link[0], tag=0 if _sync_sends else link[1])
+    return dist.P2POp(op, tensor, group=_group, group_peer=link[0], tag=0 if _sync_sends else link[1])
+
+
+def _world_rank(peer):
+    """A peer's rank in the world: the helpers name it by its place in this rank's pipeline."""
+    return peer if _group is None else dist.get_global_rank(_group, peer)
 
 
 def _p2p(name, sends, recvs, meanwhile=None):
@@ -212,12 +253,16 @@ def _p2p(name, sends, recvs, meanwhile=None):
     gradient?); those that cross no boundary (the pipeline ends there) are dropped."""
     sends = [(send, link) for send in sends if (link := _link(send[0], send[1], send[3], sending=True))]
     recvs = [(recv, link) for recv in recvs if (link := _link(recv[0], recv[1], recv[3], sending=False))]
+    if _sync_sends:  # NCCL runs a rank's sends and receives in the order posted: a receive posted
+        while _receiving:  # earlier (a group whose meanwhile() posts this one) holds all of this back
+            _wait(*_receiving.pop(0))
     for send, link in sends:
-        if link[0] == _rank:  # a world of one with several chunks: the tensor stays here
+        if link[0] == _rank:  # a link to itself (a world of one with chunks, the V's bottom rank): it stays here
             _loopback[link] = harness.track(send[2]).detach()
     sends = [(send, link) for send, link in sends if link[0] != _rank]
     operations = [_operation(dist.isend, harness.track(send[2]).detach(), link) for send, link in sends]
-    harness.posted([link for _, link in sends], [link for _, link in recvs if link[0] != _rank])
+    harness.posted([(_world_rank(peer), tag) for _, (peer, tag) in sends],
+                   [(_world_rank(peer), tag) for _, (peer, tag) in recvs if peer != _rank])
     received = []  # (the index of its operation, None if handed over in memory; the tensor) per receive
     for recv, link in recvs:
         if link[0] == _rank:
@@ -231,12 +276,16 @@ def _p2p(name, sends, recvs, meanwhile=None):
     requests = dist.batch_isend_irecv(operations) if operations else []
     for (send, link), request in zip(sends, requests):
         _sends[link] = request, name, send[0], send[1]
+    waits = [[requests[index], name, recv[0], recv[1], link[0]] if index is not None else None
+             for (recv, link), (index, _) in zip(recvs, received)]
+    _receiving.extend(wait for wait in waits if wait)
     if meanwhile:
         meanwhile()
     tensors = {}
-    for (recv, link), (index, tensor) in zip(recvs, received):
-        if index is not None:
-            _wait(requests[index], name, recv[0], recv[1], link[0])
+    for (recv, link), (index, tensor), wait in zip(recvs, received, waits):
+        if wait in _receiving:  # not yet waited on by a group posted in meanwhile()
+            _receiving.remove(wait)
+            _wait(*wait)
         if recv[3]:  # a gradient is back, so the peer surely had the activation it came from
             _release((link[0], link[1] - 1))
         else:  # an activation: its sender posted the receive of every gradient we sent it no later than this
@@ -264,6 +313,7 @@ def _wait(request, name, micro_batch, chunk, peer):
             request.wait()  # no timeout here: on NCCL a timed wait blocks the host; --timeout bounds it
     except RuntimeError as error:
         what = f"micro-batch {micro_batch}" + (f", chunk {chunk}" if _num_chunks > 1 else "")
-        raise harness.PipelineError(f"rank {_rank} gave up in {name} ({what}) waiting for rank {peer} "
+        peer = _world_rank(peer)
+        raise harness.PipelineError(f"rank {dist.get_rank()} gave up in {name} ({what}) waiting for rank {peer} "
                                     f"({str(error).splitlines()[0]}); rank {peer} may be stuck, dead or itself "
                                     f"waiting, or just slower than --timeout") from None

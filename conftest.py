@@ -49,6 +49,7 @@ class Run:
     summary: dict
     grads: dict  # parameter name -> gradient after the first backward, from every rank
     params: dict  # parameter name -> value after the last step
+    rank_params: list  # per rank: its parameters after the last step (07's copies of a stage hold the same names)
     grad_files: list  # per rank: the names it wrote
     trace: dict
 
@@ -105,15 +106,16 @@ def launch(tmp_path, script, nproc, *flags, timeout=120):
     assert codes == [0] * len(codes), f"{' '.join(command[1:])} on {nproc} ranks exited {codes}:\n{stderr[-3000:]}"
     summaries = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     assert len(summaries) == 1, stdout
-    grads, params, grad_files = {}, {}, []
+    grads, params, grad_files, rank_params = {}, {}, [], []
     for rank in range(max(nproc, 1)):
         rank_grads = torch.load(out / "grads" / f"rank{rank}.pt")
         grad_files.append(sorted(rank_grads))
         grads.update(rank_grads)
-        params.update(torch.load(out / "params" / f"rank{rank}.pt"))
+        rank_params.append(torch.load(out / "params" / f"rank{rank}.pt"))
+        params.update(rank_params[-1])
     with open(out / "trace.json") as file:
         trace = json.load(file)
-    return Run(stdout, stderr, summaries[0], grads, params, grad_files, trace)
+    return Run(stdout, stderr, summaries[0], grads, params, rank_params, grad_files, trace)
 
 
 @pytest.fixture(scope="session")

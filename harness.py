@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-KINDS = ("forward", "backward", "weight", "wait")  # what a recorded span can be; the first three are compute
+KINDS = ("forward", "backward", "weight", "wait", "allreduce")  # what a span can be; the first three are compute
 LETTERS = {"forward": "F", "backward": "B", "weight": "W"}
 
 
@@ -39,8 +39,9 @@ class _Parser(argparse.ArgumentParser):
         fail(f"{message} (see --help)")
 
 
-def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False):
-    """The flags every script takes; each mistake ends the run with one sentence."""
+def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False, data_parallel=False, v_shape=False):
+    """The flags every script takes; each mistake ends the run with one sentence. v_shape (06): two model
+    chunks per rank, placed as a V, and no --virtual-stages flag."""
     parser = _Parser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=16, help="hidden blocks (Linear + ReLU) before the head")
     parser.add_argument("--hidden", type=int, default=1024, help="width of every block")
@@ -49,6 +50,9 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
         parser.add_argument("--micro-batches", type=int, default=8, help="micro-batches each batch is split into")
     if virtual_stages:
         parser.add_argument("--virtual-stages", type=int, default=2, help="model chunks per rank")
+    if data_parallel:
+        parser.add_argument("--data-parallel", type=int, default=1, metavar="D",
+                            help="pipelines side by side, world / D stages each, their gradients summed")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
     parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
@@ -63,6 +67,7 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
                              "so the timeline shows the schedule alone")
     parser.add_argument("--json", action="store_true", help="print one JSON line with the run's measurements")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto, chrome://tracing) of the run")
+    parser.add_argument("--svg", metavar="FILE", help="draw the last step's timeline as a picture (SVG)")
     parser.add_argument("--dump-grads", metavar="DIR", help="write each rank's gradients after the first backward")
     parser.add_argument("--dump-params", metavar="DIR", help="write each rank's parameters after the last step")
     parser.add_argument("--no-instrument", action="store_true", help="skip the timing and memory hooks (their cost)")
@@ -72,7 +77,9 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     if not micro_batches:
         args.micro_batches = 1  # the whole batch is one micro-batch
     if not virtual_stages:
-        args.virtual_stages = 1
+        args.virtual_stages = 2 if v_shape else 1
+    if not data_parallel:
+        args.data_parallel = 1
     if one_process:
         args.sync_sends = False
 
@@ -80,7 +87,7 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if args.threads is None:
         args.threads = max(1, len(os.sched_getaffinity(0)) // local_world_size)
-    for flag in ("layers", "hidden", "batch_size", "steps", "threads", "virtual_stages"):
+    for flag in ("layers", "hidden", "batch_size", "steps", "threads", "virtual_stages", "data_parallel"):
         if getattr(args, flag) < 1:
             fail(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}.")
     for flag in ("lr", "timeout"):
@@ -88,23 +95,38 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
             fail(f"--{flag} must be a positive number, not {getattr(args, flag)}.")
     if not 0 <= args.pace < 1e3 * args.timeout:
         fail(f"--pace must be between 0 (off) and --timeout in milliseconds ({1e3 * args.timeout:g}), not {args.pace}.")
+    copies = args.data_parallel
+    if world_size % copies:
+        divisors = ", ".join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)
+        fail(f"--data-parallel {copies} cannot split {world_size} rank{'s' * (world_size > 1)} into pipelines of equal "
+             f"length: pass one of {divisors}, or start a multiple of {copies} ranks.")
+    if args.batch_size < copies:
+        fail(f"--batch-size {args.batch_size} leaves some of the {copies} pipelines without a sample: pass "
+             f"--batch-size {copies} or more, or a smaller --data-parallel.")
+    if copies > 1 and not 1 <= args.micro_batches <= args.batch_size // copies:
+        fail(f"--micro-batches must be between 1 and the smallest pipeline's share of --batch-size "
+             f"({args.batch_size // copies} of {args.batch_size} samples in {copies} pipelines), "
+             f"not {args.micro_batches}.")
     if not 1 <= args.micro_batches <= args.batch_size:
         fail(f"--micro-batches must be between 1 and --batch-size ({args.batch_size}), not {args.micro_batches}.")
     if one_process and world_size > 1:
         script = os.path.basename(sys.argv[0])
         fail(f"{script} trains the whole model in one process: start it with python {script}, not torchrun.")
-    if world_size * args.virtual_stages > args.layers:
-        stages = f"{world_size} rank{'s' * (world_size > 1)}" + f" x {args.virtual_stages} virtual stages" * (
-            args.virtual_stages > 1)
-        fail(f"{stages} cannot share {args.layers} layers: pass --layers {world_size * args.virtual_stages} or more"
-             f"{', or fewer --virtual-stages' if args.virtual_stages > 1 else ''}, or start fewer ranks.")
+    num_stages = world_size // copies  # ranks in a pipeline
+    if num_stages * args.virtual_stages > args.layers:
+        stages = f"{world_size} rank{'s' * (world_size > 1)}" + f" in {copies} pipelines of {num_stages}" * (
+            copies > 1) + f" x {args.virtual_stages} virtual stages" * (args.virtual_stages > 1)
+        fail(f"{stages} cannot share {args.layers} layers: pass --layers {num_stages * args.virtual_stages} or more"
+             f"{', or fewer --virtual-stages' if virtual_stages and args.virtual_stages > 1 else ''}"
+             f"{', or a larger --data-parallel' if copies > 1 else ''}, or start fewer ranks.")
     if torch.cuda.is_available() and local_world_size > torch.cuda.device_count():
         fail(f"{local_world_size} ranks on this node but {torch.cuda.device_count()} GPU(s): start one rank per GPU, "
              "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on the CPU.")
-    if args.trace and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
-        fail(f"--trace {args.trace}: its folder does not exist.")
-    if args.trace and args.no_instrument:
-        fail("--trace needs the spans that --no-instrument turns off: pass one or the other.")
+    for flag, path in (("--trace", args.trace), ("--svg", args.svg)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            fail(f"{flag} {path}: its folder does not exist.")
+        if path and args.no_instrument:
+            fail(f"{flag} needs the spans that --no-instrument turns off: pass one or the other.")
     if args.overhead and args.no_instrument:
         fail("--overhead needs the instrumentation that --no-instrument turns off: pass one or the other.")
     if args.overhead and args.steps < 3:
@@ -402,6 +424,28 @@ def record(kind, micro_batch, chunk=0):
         _recorder.pending.append([_recorder.step, KINDS.index(kind), micro_batch, chunk, start, _mark()])
 
 
+def started(kind, requests):
+    """Requests started now and waited for later (07's gradient all-reduce): wait() on what this
+    returns waits for them all, and records one span from now until then."""
+    return _Started(kind, requests, _mark() if _recorder.enabled else None)
+
+
+class _Started:
+    def __init__(self, kind, requests, start):
+        self.kind, self.requests, self.start = kind, requests, start
+
+    def wait(self):
+        try:
+            for request in self.requests:
+                request.wait()
+        except RuntimeError as error:
+            raise PipelineError(f"rank {_rank} gave up in {self.kind} waiting for its copies "
+                                f"({str(error).splitlines()[0]}); one may be stuck, dead or itself waiting, "
+                                "or just slower than --timeout") from None
+        if self.start is not None:
+            _recorder.pending.append([_recorder.step, KINDS.index(self.kind), 0, 0, self.start, _mark()])
+
+
 def posted(send_links, recv_links):
     """Note when sends and receives to other ranks are posted: (peer, tag) each, peer a global rank."""
     if _recorder.enabled:
@@ -447,8 +491,7 @@ def report(args, stages, expected_inflight, bubble_theory=None):
 
     stages: this rank's model chunks (their .layers). expected_inflight(rank): how many micro-batches
     (or micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the
-    schedule's, if not (n - 1) / (v m + n - 1). bubble_at_costs(F, B, W): the schedule's bubble at
-    the mean forward, backward and weight-gradient times this run measured.
+    schedule's with every span equally long; without it, the schedule's order is replayed so.
     """
     cuda_peak = torch.cuda.max_memory_allocated(_device) if _device.type == "cuda" else -1
     memory = [_recorder.saved.peak, _recorder.held.peak, cuda_peak, _recorder.overruns]
@@ -457,26 +500,29 @@ def report(args, stages, expected_inflight, bubble_theory=None):
         (_recorder.spans, 6), (_recorder.steps, 3), ([[loss] for loss in _recorder.losses], 1), ([memory], 4),
         (_recorder.posts, 5), (layers, 2)))
     if _rank == 0:
-        summary = _summarize(args, spans, steps, losses[-1][:, 0].tolist(), memory, expected_inflight)
+        losses = max(reversed(losses), key=len)  # the last rank that has any: the head's (rank 0 on the V)
+        summary = _summarize(args, spans, steps, losses[:, 0].tolist(), memory, expected_inflight)
         if bubble_theory is not None:
             summary["bubble_theory"] = bubble_theory
         chunks = len(stages) > 1  # label spans with their model chunk
         summary["stage_layers"] = [[[int(first), int(last)] for first, last in rank.tolist()] for rank in layers]
         summary["stage_layers"] = [rank if chunks else rank[0] for rank in summary["stage_layers"]]
         if not args.no_instrument:
-            _compare(args, summary, spans, posts, memory, layers)
+            _compare(args, summary, spans, posts, memory, layers, replay_theory=bubble_theory is None)
             print(_timeline(spans, chunks))
             print(_table(summary))
         else:
             print(f"step time (median) {summary['step_ms_median']:.1f} ms")
         if args.trace:
             _write_trace(args.trace, spans, chunks)
+        if args.svg:
+            _write_svg(args.svg, spans, chunks, summary)
         if args.json:
             print(json.dumps(summary), flush=True)
     finish()
 
 
-def _compare(args, summary, spans, posts, memory, layers):
+def _compare(args, summary, spans, posts, memory, layers, replay_theory):
     """The busiest rank against the theory and against this run's order replayed at its mean span
     times, and the sends posted before their receive, over the measured steps."""
     busiest = max(range(len(spans)), key=lambda rank: summary["compute_ms"][rank])
@@ -488,7 +534,12 @@ def _compare(args, summary, spans, posts, memory, layers):
     last = [s[s[:, 0] == measured[-1]] for s in spans]
     orders = [[tuple(int(x) for x in span[1:4]) for span in sorted(rows.tolist(), key=lambda span: span[4])
                if span[1] < KINDS.index("wait")] for rows in last]
-    summary["bubble_at_costs"] = _replay(orders, layers, summary["span_ms"])[busiest]
+    stages = len(spans) // args.data_parallel  # replayed pipeline by pipeline: each has every stage
+    replayed = lambda span_ms: [bubble for first in range(0, len(spans), stages) for bubble in  # noqa: E731
+                                _replay(orders[first:first + stages], layers[first:first + stages], span_ms)]
+    summary["bubble_at_costs"] = replayed(summary["span_ms"])[busiest]
+    if replay_theory:  # no closed form given: the schedule's order with every span one unit long
+        summary["bubble_theory"] = replayed(dict.fromkeys(summary["span_ms"], 1.0))[busiest]
     # A send is matched with its receive by sender, receiver, tag and order, as gloo matches them.
     early = [0] * len(spans)
     queues = {}
@@ -519,13 +570,14 @@ def _gather(rows, width):
 
 
 def _summarize(args, spans, steps, losses, memory, expected_inflight):
-    n, m, v = _world_size, args.micro_batches, args.virtual_stages
+    world, n, m, v = _world_size, _world_size // args.data_parallel, args.micro_batches, args.virtual_stages
     timed = _timed_steps(args)
     step_ms = {step: 1e3 * (max(float(s[step, 2]) for s in steps) - min(float(s[step, 1]) for s in steps))
                for step in timed}
     measured = _measured_steps(args)
     summary = {
-        "script": os.path.basename(sys.argv[0]), "world_size": n, "num_microbatches": m, "virtual_stages": v,
+        "script": os.path.basename(sys.argv[0]), "world_size": world, "data_parallel": args.data_parallel,
+        "num_microbatches": m, "virtual_stages": v,
         "batch_size": args.batch_size, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
         "steps": args.steps, "threads": args.threads, "sync_sends": args.sync_sends, "losses": losses,
         "step_ms_median": _median([step_ms[step] for step in measured]),
@@ -535,27 +587,39 @@ def _summarize(args, spans, steps, losses, memory, expected_inflight):
         summary["step_ms_median_bare"] = _median([step_ms[step] for step in timed if step % 2])
     if args.no_instrument:
         return summary
-    compute, windows, inflight = [0.0] * n, 0.0, [0] * n
+    compute, windows, reduced, hidden = ([0.0] * world for _ in range(4))
+    inflight = [0] * world
     for step in measured:
         work = [s[(s[:, 0] == step) & (s[:, 1] < KINDS.index("wait"))] for s in spans]
-        # The bubble is measured against the pipeline's own span: from the first forward
-        # anywhere to the last computation anywhere. Blocked in a receive counts as idle.
-        window = max(float(w[:, 5].max()) for w in work) - min(float(w[:, 4].min()) for w in work)
-        windows += window
+        for first in range(0, world, n):  # each pipeline: ranks first to first + n - 1
+            # The bubble is measured against the pipeline's own span: from the first forward
+            # anywhere in it to the last computation anywhere in it. Blocked in a receive counts as idle.
+            begin = min(float(w[:, 4].min()) for w in work[first:first + n])
+            end = max(float(w[:, 5].max()) for w in work[first:first + n])
+            for rank in range(first, first + n):
+                windows[rank] += end - begin
+                # 07's all-reduce is hidden for as long as it overlaps the pipeline's span
+                for start, stop in spans[rank][(spans[rank][:, 0] == step) &
+                                               (spans[rank][:, 1] == KINDS.index("allreduce"))][:, 4:].tolist():
+                    reduced[rank] += stop - start
+                    hidden[rank] += max(0.0, min(stop, end) - start)
         for rank, w in enumerate(work):
             compute[rank] += float((w[:, 5] - w[:, 4]).sum())
             inflight[rank] = max(inflight[rank], _peak_inflight(w))
-    idle = [windows - c for c in compute]
+    idle = [window - c for window, c in zip(windows, compute)]
     summary.update({
-        "bubble_measured": sum(idle) / windows / n,
-        "bubble_per_rank": [i / windows for i in idle],
+        "bubble_measured": sum(i / window for i, window in zip(idle, windows)) / world,
+        "bubble_per_rank": [i / window for i, window in zip(idle, windows)],
         "compute_ms": [1e3 * c / len(measured) for c in compute],
         "idle_ms": [1e3 * i / len(measured) for i in idle],
         "peak_inflight_microbatches": inflight,
-        "expected_inflight_microbatches": [expected_inflight(rank) for rank in range(n)],
+        "expected_inflight_microbatches": [expected_inflight(rank) for rank in range(world)],
         "peak_activation_bytes": [int(rank[0, 0]) for rank in memory],
         "peak_held_bytes": [int(rank[0, 1]) for rank in memory],
     })
+    if any(reduced):
+        summary["allreduce_ms"] = [1e3 * r / len(measured) for r in reduced]
+        summary["allreduce_hidden_ms"] = [1e3 * h / len(measured) for h in hidden]
     if _device.type == "cuda":
         summary["cuda_max_memory_allocated"] = [int(rank[0, 2]) for rank in memory]
     return summary
@@ -623,11 +687,13 @@ def _label(kind, micro_batch, chunk, chunks):
 def _timeline(spans, chunks):
     """The last recorded step as text: a row per rank, time left to right, idle left blank."""
     step = int(spans[0][-1, 0])
-    rows = [s[(s[:, 0] == step) & (s[:, 1] < KINDS.index("wait"))] for s in spans]
+    rows = [s[(s[:, 0] == step) & (s[:, 1] != KINDS.index("wait"))] for s in spans]
     start = min(float(r[:, 4].min()) for r in rows)
     length = max(float(r[:, 5].max()) for r in rows) - start
     width = max(40, shutil.get_terminal_size().columns - 10)
     legend = "F forward, B backward" + (", W weight gradient" if any((r[:, 1] == 2).any() for r in rows) else "")
+    reduce = KINDS.index("allreduce")
+    legend += ", AR gradient all-reduce" if any((r[:, 1] == reduce).any() for r in rows) else ""
     lines = [f"timeline of step {step} ({1e3 * length:.1f} ms; {legend}"
              f"{', .c model chunk c' if chunks else ''}; blank idle):"]
     for rank, r in enumerate(rows):
@@ -635,8 +701,8 @@ def _timeline(spans, chunks):
         for _, kind, micro_batch, chunk, begin, end in sorted(r.tolist(), key=lambda span: span[4]):
             first = max(taken, int((begin - start) / length * width))  # never draw over the previous span
             last = taken = min(width, max(first + 1, round((end - start) / length * width)))
-            text = _label(kind, micro_batch, chunk, chunks)
-            line[first:last] = (text + "-=~"[int(kind)] * width)[: last - first]
+            text, fill = ("AR", "+") if kind == reduce else (_label(kind, micro_batch, chunk, chunks), "-=~"[int(kind)])
+            line[first:last] = (text + fill * width)[: last - first]
         lines.append(f"rank {rank:2d} |{''.join(line).rstrip()}")
     return "\n".join(lines)
 
@@ -647,7 +713,7 @@ def _median(values):
 
 def _table(summary):
     header = ("rank", "layers", "compute ms", "idle ms", "bubble", "theory", "in flight", "theory", "activations",
-              "held")
+              "held") + ("all-reduce", "hidden") * ("allreduce_ms" in summary)  # ms each
     lines = [" ".join(f"{h:>11}" for h in header)]
     for rank in range(summary["world_size"]):
         layers = summary["stage_layers"][rank]
@@ -657,13 +723,17 @@ def _table(summary):
             rank, layers, f"{summary['compute_ms'][rank]:.1f}", f"{summary['idle_ms'][rank]:.1f}",
             f"{summary['bubble_per_rank'][rank]:.3f}", f"{summary['bubble_theory']:.3f}",
             summary["peak_inflight_microbatches"][rank], summary["expected_inflight_microbatches"][rank],
-            _bytes(summary["peak_activation_bytes"][rank]), _bytes(summary["peak_held_bytes"][rank]))))
+            _bytes(summary["peak_activation_bytes"][rank]), _bytes(summary["peak_held_bytes"][rank]),
+            *(f"{summary[key][rank]:.1f}" for key in ("allreduce_ms", "allreduce_hidden_ms") if key in summary))))
     if "cuda_max_memory_allocated" in summary:
         lines.append("torch.cuda.max_memory_allocated per rank: " +
                      ", ".join(_bytes(b) for b in summary["cuda_max_memory_allocated"]))
     lines.append(f"step time (median) {summary['step_ms_median']:.1f} ms, bubble {summary['bubble_measured']:.3f} "
                  f"measured (mean over ranks), {summary['bubble_theory']:.3f} in theory; busiest rank "
                  f"{summary['busiest_rank']}: {summary['bubble_busiest']:.3f}")
+    if "allreduce_ms" in summary:
+        lines.append("all-reduce: ms a step from the start of the rank's gradient all-reduce to its end; hidden: "
+                     "the part of it within its pipeline's span (the first forward to the last computation)")
     costs = ", ".join(f"{LETTERS[kind]} {ms:.2f}" for kind, ms in summary["span_ms"].items())
     if "bubble_at_costs" in summary:
         lines.append(f"at this run's mean span times ({costs} ms) the theory is {summary['bubble_at_costs']:.3f}")
@@ -682,6 +752,38 @@ def _bytes(count):
     return f"{count / 2**20:.2f} MiB"
 
 
+COLOURS = {"forward": "#4e79a7", "backward": "#59a14f", "weight": "#f28e2b"}
+
+
+def _write_svg(path, spans, chunks, summary):
+    """The last recorded step as a picture: a row per rank, a box per computation, idle left empty."""
+    step = int(spans[0][-1, 0])
+    rows = [s[(s[:, 0] == step) & (s[:, 1] < KINDS.index("wait"))] for s in spans]
+    start = min(float(r[:, 4].min()) for r in rows)
+    length = max(float(r[:, 5].max()) for r in rows) - start
+    left, width, height = 70, 960, 26
+    scale = lambda t: left + (t - start) / length * width  # noqa: E731
+    title = (f"{summary['script']}: n = {summary['world_size']}, m = {summary['num_microbatches']}"
+             + (f", v = {summary['virtual_stages']}" if summary["virtual_stages"] > 1 else "")
+             + (f", --pace {summary['pace_ms']:g}" if summary["pace_ms"] else "")
+             + f"; step {step}, {1e3 * length:.0f} ms; bubble of the busiest rank {summary['bubble_busiest']:.3f},"
+             f" theory {summary['bubble_theory']:.3f}")
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 10}" '
+             f'height="{height * (len(rows) + 1) + 10}" font-family="monospace" font-size="11">',
+             f'<rect width="100%" height="100%" fill="white"/><text x="4" y="16">{title}</text>']
+    for rank, r in enumerate(rows):
+        y = height * (rank + 1)
+        parts.append(f'<text x="4" y="{y + 17}">rank {rank}</text>')
+        for _, kind, micro_batch, chunk, begin, end in r.tolist():
+            x, w = scale(begin), max(1.0, scale(end) - scale(begin))
+            parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{height - 6}" '
+                         f'fill="{COLOURS[KINDS[int(kind)]]}" stroke="white"/>')
+            parts.append(f'<text x="{x + w / 2:.1f}" y="{y + 17}" fill="white" text-anchor="middle">'
+                         f'{_label(kind, micro_batch, chunk, chunks)}</text>')
+    with open(path, "w") as file:
+        file.write("\n".join(parts + ["</svg>"]) + "\n")
+
+
 def _write_trace(path, spans, chunks):
     """Chrome trace format: one process per rank, one complete ("X") event per span."""
     origin = min(float(s[:, 4].min()) for s in spans if len(s))
@@ -690,7 +792,7 @@ def _write_trace(path, spans, chunks):
         events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
         for step, kind, micro_batch, chunk, start, end in rows.tolist():
             name = KINDS[int(kind)]
-            label = f"{name} {int(micro_batch)}" + (f".{int(chunk)}" if chunks else "") if name != "wait" else "wait"
+            label = f"{name} {int(micro_batch)}" + (f".{int(chunk)}" if chunks else "") if name in LETTERS else name
             events.append({"name": label, "cat": name, "ph": "X",
                            "pid": rank, "tid": 0, "ts": 1e6 * (start - origin), "dur": 1e6 * (end - start),
                            "args": {"step": int(step), "micro_batch": int(micro_batch), "chunk": int(chunk)}})

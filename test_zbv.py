@@ -1,0 +1,137 @@
+"""ZB-V (06): the baseline's gradients on every shape of V, PyTorch's order of F, B and W, the in-flight
+and held-bytes theory, the bubble under pacing against 05's, and bad input in one sentence."""
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _ComputationType
+
+from conftest import MEMORY, SIZE, SYNC, pipelined, torchrun
+from test_equivalence import EXACT, assert_close
+from test_failures import assert_one_sentence, run_quietly
+
+SCRIPT = "06_zbv.py"
+PACE = ("--pace", "50")  # ms: a span of 6m + n - 1 paced units, each with a little messaging around it
+
+
+def size(layers):
+    """SIZE with another layer count: 2n stages need at least 2n layers."""
+    return ("--layers", str(layers)) + SIZE[2:]
+
+
+# (world size, micro-batches, layers, flags); 0 ranks: plain python, a world of one whose two chunks hand
+# over in memory. m below, at and above n, 2n - 1 (what the rule needs without holes) and up to 3n; 3, 4
+# and 7 micro-batches split 10 samples unevenly; 7 and 9 layers, which 2n does not divide. The paced cases
+# (m = 2n) also give the bubble. A representative set runs under --sync-sends.
+CASES = [
+    (0, 3, 7, ()), (2, 1, 7, ()), (2, 3, 7, SYNC), (2, 4, 7, PACE), (2, 6, 7, SYNC),
+    (3, 2, 7, SYNC), (3, 4, 7, ()), (3, 6, 7, PACE), (3, 7, 7, SYNC),
+    (4, 3, 9, SYNC), (4, 4, 9, ()), (4, 7, 9, ()), (4, 8, 9, PACE), (4, 10, 9, SYNC),
+]
+
+
+def case_id(world, micro_batches, layers, flags):
+    return f"n{world}-m{micro_batches}-L{layers}" + "".join(f"-{flag.strip('-')}" for flag in flags)
+
+
+def zbv(runs, world, micro_batches, layers=7, *flags):
+    return pipelined(runs, SCRIPT, world, micro_batches, *flags, size=size(layers))
+
+
+def pytorch_order(n, m, rank):
+    """Rank's computations as PyTorch's ScheduleZBVZeroBubble orders them, (kind, chunk, micro-batch)."""
+    kinds = {_ComputationType.FORWARD: "forward", _ComputationType.BACKWARD_INPUT: "backward",
+             _ComputationType.BACKWARD_WEIGHT: "weight"}
+    schedule = SimpleNamespace(pp_group_size=n, _n_microbatches=m, num_stages=2 * n)
+    actions = ScheduleZBVZeroBubble._calculate_single_rank_operations(schedule, rank)
+    return [(kinds[a.computation_type], int(a.stage_index != rank), a.microbatch_index) for a in actions if a]
+
+
+def inflight_theory(n, m, rank):
+    """Chunks alive on `rank` at its first chunk-1 backward, its peak: the chunk-0 forwards of its warm-up
+    (2n - r - 1) and the chunk-1 forwards before that backward (r + 1), fewer if m is smaller."""
+    return min(2 * n - rank - 1, m) + min(rank + 1, m)
+
+
+def bubble_theory(n, m):
+    """Equal F, B, W: every rank computes 6m units of a span of 6m + n - 1, or, with too few micro-batches
+    to fill the V, of 4m + 4n - 2."""
+    return 1 - 6 * m / max(6 * m + n - 1, 4 * m + 4 * n - 2)
+
+
+@pytest.mark.parametrize("world,micro_batches,layers,flags", CASES, ids=[case_id(*case) for case in CASES])
+def test_matches_baseline(runs, world, micro_batches, layers, flags):
+    baseline = runs("00_baseline.py", 0, *size(layers))
+    run = zbv(runs, world, micro_batches, layers, *flags)
+    assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
+    assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
+    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
+    assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
+    # together the ranks' files hold every parameter exactly once; rank r holds stages r and 2n - 1 - r
+    names = [name for rank_names in run.grad_files for name in rank_names]
+    assert sorted(names) == sorted(baseline.grads) and len(run.grad_files) == max(world, 1)
+    n = max(world, 1)
+    assert [len(chunks) for chunks in run.summary["stage_layers"]] == [2] * n
+    assert run.summary["stage_layers"][0][1][1] == layers  # rank 0's chunk 1 ends the model: the head
+
+
+@pytest.mark.parametrize("world,micro_batches,layers,flags", CASES, ids=[case_id(*case) for case in CASES])
+def test_schedule_is_pytorchs_zbv(runs, world, micro_batches, layers, flags):
+    """Every rank runs F, B and W in PyTorch's ZB-V order, every step, and keeps the theory's chunks in flight."""
+    run = zbv(runs, world, micro_batches, layers, *flags)
+    n = max(world, 1)
+    spans = [e for e in run.trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "wait"]
+    for rank in range(n):
+        for step in range(3):
+            mine = sorted((e for e in spans if e["pid"] == rank and e["args"]["step"] == step), key=lambda e: e["ts"])
+            order = [(e["cat"], e["args"]["chunk"], e["args"]["micro_batch"]) for e in mine]
+            assert order == pytorch_order(n, micro_batches, rank), (rank, step)
+    theory = [inflight_theory(n, micro_batches, rank) for rank in range(n)]
+    assert run.summary["peak_inflight_microbatches"] == theory
+    assert run.summary["expected_inflight_microbatches"] == theory
+    assert run.summary["bubble_theory"] == pytest.approx(bubble_theory(n, micro_batches))
+
+
+def test_held_bytes_are_the_theory(runs):
+    """A chunk of L blocks holds L + 1 units between F and B and 2L between B and W (on the last stage
+    also the head's input and its rows x 10 output gradient). Rank r's peak is at its first chunk-1 B,
+    2n - 1 chunks' activations and one pending W, or, on the bottom ranks, in the cool-down, where 2r + 1
+    W's wait beside n - r - 1 activations; plus at most 3 tensors in transit. The largest is below 05's."""
+    world, m, rows, hidden, blocks = 4, 8, 2, 24, 2  # 16 layers in 8 stages
+    summary = pipelined(runs, SCRIPT, world, m, size=MEMORY).summary
+    unit = rows * hidden * 8  # one rows x hidden float64 tensor
+    alive, pending = (blocks + 1) * unit, 2 * blocks * unit
+    for rank in range(world):
+        head = unit + rows * 10 * 8 if rank == 0 else 0  # rank 0's first chunk-1 B is the head's stage
+        theory = max((2 * world - 1) * alive + pending + head,
+                     (2 * rank + 1) * pending + (world - rank - 1) * alive)
+        held = summary["peak_held_bytes"][rank]
+        assert theory <= held <= theory + 3 * unit, (rank, held / unit, theory / unit)
+    zero_bubble = pipelined(runs, "05_zero_bubble.py", world, m, size=MEMORY).summary
+    assert max(summary["peak_held_bytes"]) < max(zero_bubble["peak_held_bytes"])
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_paced_bubble_is_the_theory_and_below_05s(runs, world):
+    """Every span padded to 50 ms: the busiest rank's bubble is the theory's, (n - 1) / (6m + n - 1) at
+    m = 2n, within 0.03, and below 05's measured the same way."""
+    m, layers = 2 * world, 7 if world < 4 else 9
+    summary = zbv(runs, world, m, layers, *PACE).summary
+    assert summary["paced_overruns"] == 0
+    assert summary["bubble_busiest"] == pytest.approx(bubble_theory(world, m), abs=0.03)
+    zero_bubble = pipelined(runs, "05_zero_bubble.py", world, m, *PACE, size=size(layers)).summary
+    assert summary["bubble_busiest"] < zero_bubble["bubble_busiest"]
+
+
+@pytest.mark.parametrize("ranks,flags,words", [
+    (0, ("--virtual-stages", "2"), ("unrecognized arguments: --virtual-stages 2",)),
+    (2, ("--layers", "3"), ("2 ranks x 2 virtual stages", "3 layers", "--layers 4 or more", "fewer ranks")),
+])
+def test_bad_input(ranks, flags, words):
+    command = [sys.executable, SCRIPT, *flags] if ranks == 0 else torchrun(ranks, SCRIPT, *flags)
+    result, seconds = run_quietly(command)
+    assert_one_sentence(result, *words)
+    assert "virtual-stages" not in result.stderr or ranks == 0
+    assert seconds < 30
