@@ -132,16 +132,13 @@ def train_step(inputs, labels):
         output_tensor = forward(k, input_tensor)
         input_tensor = exchange("send_forward_recv_forward", send_forward=(k, output_tensor), recv_forward=k + 1)[0]
 
-    if num_chunks > 1:  # the ring receives each gradient an iteration ahead of its backward: the first one
-        first = {}  # now, while the first steady forward runs (every later forward runs while a group travels)
-        first_forward = lambda: first.update(output=forward(num_warmup_microbatches, input_tensor))  # noqa: E731
-        grad_output = exchange("recv_backward", recv_backward=0,
-                               meanwhile=first_forward if num_microbatches_remaining else None)[1]
-        output_tensor = first.get("output")
+    if num_chunks > 1:  # the ring receives each gradient an iteration ahead of its backward: the first one now
+        grad_output = exchange("recv_backward", recv_backward=0)[1]
     for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
         j = num_warmup_microbatches + i
-        if num_chunks == 1:  # 1F1B, as in 03: each send with the receive the same neighbour sends back
+        if num_chunks == 1 or i == 0:  # with chunks, later forwards run while the previous group travels
             output_tensor = forward(j, input_tensor)
+        if num_chunks == 1:  # 1F1B, as in 03: each send with the receive the same neighbour sends back
             grad_output = exchange("send_forward_recv_backward", send_forward=(j, output_tensor), recv_backward=i)[1]
             grad_input = backward(i, grad_output)
             input_tensor = exchange("send_backward_recv_forward", send_backward=(i, grad_input), recv_forward=j + 1)[0]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -66,15 +67,86 @@ def free_port():
         return sock.getsockname()[1]
 
 
+# Every rank imports torch and, at its first optimizer step, torch._dynamo: about 2 s of CPU each, most of a
+# small run's cost. The ranks the tests start themselves are forked from one process that has imported both,
+# and then run their script as `python script.py` would (runpy), with their own environment and output files.
+ZYGOTE = """
+import json, os, runpy, select, sys
+import torch, torch._dynamo, torch.distributed, torch.nn.functional  # noqa: F401
+running = {}  # pid -> the file its exit code goes to
+while True:
+    if select.select([sys.stdin], [], [], 0.02)[0]:
+        request = sys.stdin.readline()
+        if not request:
+            break
+        request = json.loads(request)
+        pid = os.fork()
+        if pid == 0:
+            os.environ.clear()
+            os.environ.update(request["env"])
+            for fd, path in ((0, os.devnull), (1, request["stdout"]), (2, request["stderr"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC if fd else os.O_RDONLY), fd)
+            os.chdir(request["cwd"])
+            sys.argv, sys.path[0] = request["argv"], os.path.dirname(os.path.abspath(request["argv"][0]))
+            try:
+                runpy.run_path(sys.argv[0], run_name="__main__")
+                code = 0
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+            except BaseException:
+                sys.excepthook(*sys.exc_info())
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        running[pid] = request["exit"]
+        print(pid, flush=True)
+    while running and (ended := os.waitpid(-1, os.WNOHANG))[0]:
+        exit_file = running.pop(ended[0])
+        with open(exit_file + ".tmp", "w") as file:
+            file.write(str(os.waitstatus_to_exitcode(ended[1])))
+        os.replace(exit_file + ".tmp", exit_file)  # whole, or not there
+"""
+_zygote = []
+
+
+class Forked:
+    """A rank forked from the zygote, with the part of Popen's interface that the tests use."""
+
+    def __init__(self, command, env, stdout, stderr):
+        if not _zygote or _zygote[0].poll() is not None:
+            _zygote[:] = [subprocess.Popen([sys.executable, "-u", "-c", ZYGOTE], cwd=HERE, env=ENV, text=True,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)]
+        self.exit = f"{stdout}.exit"
+        for path in (stdout, stderr):  # there from the start, as with Popen
+            open(path, "w").close()
+        request = {"argv": command[1:], "env": env, "cwd": HERE, "stdout": str(stdout), "stderr": str(stderr),
+                   "exit": self.exit}
+        _zygote[0].stdin.write(json.dumps(request) + "\n")
+        _zygote[0].stdin.flush()
+        self.pid = int(_zygote[0].stdout.readline())
+
+    def poll(self):
+        return int(open(self.exit).read()) if os.path.exists(self.exit) else None
+
+    def kill(self):
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self):
+        while self.poll() is None:
+            time.sleep(0.02)
+        return self.poll()
+
+
 def start_ranks(command, nproc, out):
-    """Start `nproc` ranks of `command` with the environment torchrun would give them, without
-    paying for torchrun's own start-up; each rank writes its output to files in `out`."""
+    """Start `nproc` ranks of `command` (0: one, without torchrun's variables) with the environment torchrun
+    would give them, without paying for torchrun's own start-up; rank r writes to out/stdout{r}, out/stderr{r}."""
     port, ranks = free_port(), []
-    for rank in range(nproc):
+    for rank in range(max(nproc, 1)):
         env = {**ENV, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        with open(out / f"stdout{rank}", "w") as stdout, open(out / f"stderr{rank}", "w") as stderr:
-            ranks.append(subprocess.Popen(command, cwd=HERE, env=env, stdout=stdout, stderr=stderr))
+               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if nproc else ENV
+        ranks.append(Forked(command, env, out / f"stdout{rank}", out / f"stderr{rank}"))
     return ranks
 
 
@@ -98,9 +170,7 @@ def launch(tmp_path, script, nproc, *flags, timeout=120):
     files = ["--json", "--dump-grads", str(out / "grads"), "--dump-params", str(out / "params"),
              "--trace", str(out / "trace.json")]
     command = [sys.executable, script, *flags, *files]
-    codes = wait_ranks(start_ranks(command, nproc, out) if nproc else
-                       [subprocess.Popen(command, cwd=HERE, env=ENV, stdout=open(out / "stdout0", "w"),
-                                         stderr=open(out / "stderr0", "w"))], timeout)
+    codes = wait_ranks(start_ranks(command, nproc, out), timeout)
     stdout, stderr = ("".join((out / f"{name}{rank}").read_text() for rank in range(max(nproc, 1)))
                       for name in ("stdout", "stderr"))
     assert codes == [0] * len(codes), f"{' '.join(command[1:])} on {nproc} ranks exited {codes}:\n{stderr[-3000:]}"

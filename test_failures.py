@@ -187,3 +187,29 @@ def test_sync_sends_catches_a_deadlock(tmp_path):
     assert "gave up in send_" in errors[0] and "waiting for rank" in errors[0], errors
     assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
     assert seconds < 30
+
+
+# Naive's gradient receive posted before the send of the activation it comes from: the send runs while
+# the receive is pending (in its meanwhile), which gloo allows.
+EARLY_RECEIVE = [
+    ("from common import (\n", "from common import (\n    communicate,\n"),
+    ("""    send_forward(0, forward(0, input_tensor))  # nothing to send from the last stage
+    grad_output = recv_backward(0, shapes[0])  # None on the last stage""",
+     """    output_tensor = forward(0, input_tensor)
+    grad_output = communicate("recv_backward", recv_backward=(0, 0, shapes[0]),
+                              meanwhile=lambda: send_forward(0, output_tensor))[1]"""),
+]
+
+
+def test_sync_sends_catches_a_receive_posted_too_early(tmp_path):
+    """On NCCL a rank's sends and receives run in the order posted, so a receive posted ahead holds back
+    every later send until its tensor arrives: here the activation that the gradient needs, forever.
+    gloo lets the send overtake; --sync-sends must not."""
+    script = variant(tmp_path, "01_naive.py", EARLY_RECEIVE)
+    launch(tmp_path, script, 2, *SIZE)  # the send overtakes the pending receive: it runs
+    result, seconds = run_quietly(torchrun(2, script, *SIZE, *SYNC, "--timeout", "3"))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and 1 <= len(errors) <= 2, result.stderr
+    assert any("gave up in recv_backward" in error and "waiting for rank 1" in error for error in errors), errors
+    assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
+    assert seconds < 30

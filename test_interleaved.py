@@ -121,11 +121,10 @@ def test_one_chunk_is_1f1b(runs, world, micro_batches, flags):
 
 # Megatron-LM's steady state without overlap: one group of both sends and both receives per iteration.
 ONE_GROUP = [
+    ("if num_chunks == 1 or i == 0:", "if True:"),
     ('''            done = {}
             input_tensor = exchange("send_forward_recv_forward",''',
-     '''            if i > 0:  # the first one ran while the first gradient travelled
-                output_tensor = forward(j, input_tensor)
-            grad_input = backward(i, grad_output)
+     '''            grad_input = backward(i, grad_output)
             input_tensor, grad_output = exchange("one_group", send_backward=(i, grad_input), recv_backward=i + 1,
                                                  send_forward=(j, output_tensor), recv_forward=j + 1)
             continue

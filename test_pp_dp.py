@@ -23,7 +23,8 @@ SCRIPT = "07_pp_dp.py"
 CASES = [
     (1, 2, 3, ()), (2, 2, 2, SYNC), (2, 1, 3, ()), (3, 2, 4, ()), (2, 3, 1, SYNC), (3, 1, 2, SYNC), (2, 3, 3, ()),
 ]
-PACE = ("--steps", "6", "--pace", "20", "--micro-batches", "4")  # 2 + 1 + 1 + 1 samples each pipeline
+PACE_MS = 30
+PACED = ("--steps", "8", "--pace", str(PACE_MS), "--micro-batches", "4")  # 2 + 1 + 1 + 1 samples a pipeline
 
 
 def case_id(stages, copies, micro_batches, flags):
@@ -111,25 +112,29 @@ def test_allreduce_after_the_last_backward(runs, stages, copies, micro_batches, 
 
 @pytest.mark.parametrize("stages", [3, 2])
 def test_only_the_first_stage_allreduce_adds_to_the_step(runs, stages):
-    """Paced, two copies: every stage but the first finishes its all-reduce before its pipeline's
-    last backward ends; and the step is 03's on one copy's share of the batch (5 samples), plus at
-    most the first stage's all-reduce (its longer copy's: the earlier copy waits for the later)."""
-    run = runs(SCRIPT, 2 * stages, *SIZE, "--data-parallel", "2", *PACE)
-    one = runs("03_1f1b.py", stages, *SIZE, "--batch-size", "5", *PACE).summary
+    """Paced, two copies. In every step each rank starts its all-reduce right after its own last
+    backward, and every stage's but the first ends before its pipeline's last backward does. The
+    step is 03's on one copy's share of the batch (5 samples) plus at most the first stage's
+    all-reduce (its longer copy's: the copy that finishes first waits for the other), within 5% of
+    the step: the spread of the same run's step medians from one run to the next on this shared
+    2-core machine (and, at 2 x 2, 03's two ranks have a core each where 07's four share two)."""
+    run = runs(SCRIPT, 2 * stages, *SIZE, "--data-parallel", "2", *PACED)
+    one = runs("03_1f1b.py", stages, *SIZE, "--batch-size", "5", *PACED).summary
     backwards, reduces = spans(run, "backward"), spans(run, "allreduce")
-    for step in range(1, 6):
+    for step in range(1, 8):
         for rank in range(2 * stages):
             pipeline = range(rank - rank % stages, rank - rank % stages + stages)
             last_backward = max(end for peer in pipeline for _, end in backwards[peer, step])
             start, end = reduces[rank, step][0]
-            assert start - max(end for _, end in backwards[rank, step]) < 10e3  # right after its own, in µs
+            assert start - max(end for _, end in backwards[rank, step]) < PACE_MS / 4 * 1e3, (rank, step)  # in µs
             assert (end < last_backward) == (rank % stages > 0), (rank, step)
     summary = run.summary
     for rank in range(2 * stages):
         if rank % stages:
             assert summary["allreduce_hidden_ms"][rank] == pytest.approx(summary["allreduce_ms"][rank])
     first_stage = max(summary["allreduce_ms"][rank] for rank in (0, stages))
-    assert summary["step_ms_median"] - one["step_ms_median"] <= first_stage, (summary["step_ms_median"], one)
+    extra = summary["step_ms_median"] - one["step_ms_median"]
+    assert extra <= first_stage + 0.05 * one["step_ms_median"], (extra, first_stage, one["step_ms_median"])
 
 
 def test_two_nodes_train_like_one(runs):
@@ -164,7 +169,8 @@ def test_stuck_rank_times_out(tmp_path):
     command = [sys.executable, SCRIPT, *SIZE, "--steps", "100000", "--data-parallel", "2", "--micro-batches", "2",
                "--timeout", "3"]
     ranks = start_ranks(command, 4, tmp_path)
-    while "step" not in (tmp_path / "stdout3").read_text():  # the last rank prints the loss
+    last = tmp_path / "stdout3"  # the last rank prints the loss
+    while not last.exists() or "step" not in last.read_text():
         assert all(rank.poll() is None for rank in ranks), (tmp_path / "stderr0").read_text()
         time.sleep(0.1)
     os.kill(ranks[1].pid, signal.SIGSTOP)

@@ -51,7 +51,7 @@ parser.add_argument("--threads", type=int, help="torch threads per rank (default
 parser.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on another, then gives up")
 args = parser.parse_args()
 args.threads = args.threads or max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-args.no_instrument, args.overhead = True, False  # what harness.before_setup also reads
+args.no_instrument, args.overhead, args.pace = True, False, 0.0  # what harness.before_setup also reads
 if args.batch_size % args.micro_batches:  # PyTorch sizes its receive buffers from the first micro-batch
     harness.fail(f"--batch-size {args.batch_size} does not split into {args.micro_batches} equal micro-batches.")
 harness.before_setup(args)  # each rank on its own cores, args.threads threads
