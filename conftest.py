@@ -106,6 +106,8 @@ while True:
         with open(exit_file + ".tmp", "w") as file:
             file.write(str(os.waitstatus_to_exitcode(ended[1])))
         os.replace(exit_file + ".tmp", exit_file)  # whole, or not there
+for pid in running:  # the session is over: no rank outlives it
+    os.kill(pid, 9)
 """
 _zygote = []
 
