@@ -133,4 +133,5 @@ for step in range(args.steps):
     log_step(step, loss if copy == num_copies - 1 else None)  # once a step, by the last rank
 dump(args.dump_params, dict(stage.named_parameters()))
 # rank: a rank of the world, whose stage is rank % world_size
-report(args, [stage], expected_inflight=lambda rank: min(world_size - rank % world_size, args.micro_batches))
+report(args, [stage], expected_inflight=lambda rank: min(world_size - rank % world_size, args.micro_batches),
+       bubble_theory=(world_size - 1) / (args.micro_batches + world_size - 1))

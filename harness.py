@@ -752,19 +752,22 @@ def _bytes(count):
     return f"{count / 2**20:.2f} MiB"
 
 
-COLOURS = {"forward": "#4e79a7", "backward": "#59a14f", "weight": "#f28e2b"}
+COLOURS = {"forward": "#4e79a7", "backward": "#59a14f", "weight": "#f28e2b", "allreduce": "#9c9c9c"}
 
 
 def _write_svg(path, spans, chunks, summary):
-    """The last recorded step as a picture: a row per rank, a box per computation, idle left empty."""
+    """The last recorded step as a picture: a row per rank, a box per computation (and per all-reduce),
+    idle left empty."""
     step = int(spans[0][-1, 0])
-    rows = [s[(s[:, 0] == step) & (s[:, 1] < KINDS.index("wait"))] for s in spans]
+    rows = [s[(s[:, 0] == step) & (s[:, 1] != KINDS.index("wait"))] for s in spans]
     start = min(float(r[:, 4].min()) for r in rows)
     length = max(float(r[:, 5].max()) for r in rows) - start
-    left, width, height = 70, 960, 26
+    left, width, height = 70, max(960, 36 * max(len(r) for r in rows)), 26  # room for each box's label
     scale = lambda t: left + (t - start) / length * width  # noqa: E731
-    title = (f"{summary['script']}: n = {summary['world_size']}, m = {summary['num_microbatches']}"
-             + (f", v = {summary['virtual_stages']}" if summary["virtual_stages"] > 1 else "")
+    copies = summary.get("data_parallel", 1)
+    shape = (f"{summary['world_size'] // copies} stages x {copies} copies" if copies > 1
+             else f"n = {summary['world_size']}") + f", m = {summary['num_microbatches']}"
+    title = (f"{summary['script']}: {shape}" + (f", v = {summary['virtual_stages']}" if chunks else "")
              + (f", --pace {summary['pace_ms']:g}" if summary["pace_ms"] else "")
              + f"; step {step}, {1e3 * length:.0f} ms; bubble of the busiest rank {summary['bubble_busiest']:.3f},"
              f" theory {summary['bubble_theory']:.3f}")
@@ -776,10 +779,11 @@ def _write_svg(path, spans, chunks, summary):
         parts.append(f'<text x="4" y="{y + 17}">rank {rank}</text>')
         for _, kind, micro_batch, chunk, begin, end in r.tolist():
             x, w = scale(begin), max(1.0, scale(end) - scale(begin))
+            label = _label(kind, micro_batch, chunk, chunks) if KINDS[int(kind)] in LETTERS else "AR"
             parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{height - 6}" '
                          f'fill="{COLOURS[KINDS[int(kind)]]}" stroke="white"/>')
-            parts.append(f'<text x="{x + w / 2:.1f}" y="{y + 17}" fill="white" text-anchor="middle">'
-                         f'{_label(kind, micro_batch, chunk, chunks)}</text>')
+            if w > 7 * len(label):  # a label that fits its box
+                parts.append(f'<text x="{x + w / 2:.1f}" y="{y + 17}" fill="white" text-anchor="middle">{label}</text>')
     with open(path, "w") as file:
         file.write("\n".join(parts + ["</svg>"]) + "\n")
 
