@@ -16,6 +16,15 @@ def assert_close(tensors, reference, tolerance, what):
         assert error <= tolerance * ref.abs().max().item(), f"{what}: {name} is off by {error:.3g}"
 
 
+def assert_matches(run, baseline):
+    """The baseline's gradients after the first backward, parameters after the last step, and every
+    step's loss, in the same session."""
+    assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
+    assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
+    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
+    assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
+
+
 @pytest.fixture(scope="module")
 def baseline(runs):
     return runs("00_baseline.py", 0, *SIZE)
@@ -24,10 +33,7 @@ def baseline(runs):
 @pytest.mark.parametrize("script,world,micro_batches,flags", CASES, ids=[case_id(*case) for case in CASES])
 def test_matches_baseline(runs, baseline, script, world, micro_batches, flags):
     run = pipelined(runs, script, world, micro_batches, *flags)
-    assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
-    assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
-    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
-    assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
+    assert_matches(run, baseline)
     # together the ranks' files hold every parameter exactly once
     names = [name for rank_names in run.grad_files for name in rank_names]
     assert sorted(names) == sorted(baseline.grads) and len(run.grad_files) == world

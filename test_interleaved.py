@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import MEMORY, SIZE, SYNC, pipelined, torchrun, variant
-from test_equivalence import EXACT, assert_close
+from test_equivalence import EXACT, assert_close, assert_matches
 from test_failures import assert_one_sentence, run_quietly
 
 SCRIPT = "04_interleaved_1f1b.py"
@@ -59,10 +59,7 @@ def test_matches_baseline(runs, world, micro_batches, virtual_stages, layers, fl
     baseline = runs("00_baseline.py", 0, *size(layers))
     run = interleaved(runs, world, micro_batches, virtual_stages, layers, *flags)
     assert run.summary["virtual_stages"] == virtual_stages
-    assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
-    assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
-    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
-    assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
+    assert_matches(run, baseline)
     # together the ranks' files hold every parameter exactly once
     names = [name for rank_names in run.grad_files for name in rank_names]
     assert sorted(names) == sorted(baseline.grads) and len(run.grad_files) == max(world, 1)

@@ -4,10 +4,9 @@ twice, and the memory that the deferred W's hold."""
 import json
 
 import pytest
-import torch
 
 from conftest import MEMORY, SIZE, SYNC, case_id, launch, pipelined, variant
-from test_equivalence import EXACT, assert_close
+from test_equivalence import assert_matches
 
 SCRIPT = "05_zero_bubble.py"
 
@@ -36,10 +35,7 @@ def baseline(runs):
 @pytest.mark.parametrize("world,micro_batches,flags", CASES, ids=[case_id(SCRIPT, *case) for case in CASES])
 def test_matches_baseline(runs, baseline, world, micro_batches, flags):
     run = pipelined(runs, SCRIPT, world, micro_batches, *flags)
-    assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
-    assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
-    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
-    assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
+    assert_matches(run, baseline)
 
 
 @pytest.mark.parametrize("world,micro_batches,flags", CASES, ids=[case_id(SCRIPT, *case) for case in CASES])
