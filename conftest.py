@@ -120,6 +120,8 @@ class Forked:
             _zygote[:] = [subprocess.Popen([sys.executable, "-u", "-c", ZYGOTE], cwd=HERE, env=ENV, text=True,
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)]
         self.exit = f"{stdout}.exit"
+        if os.path.exists(self.exit):  # an earlier run's, in the same folder
+            os.remove(self.exit)
         for path in (stdout, stderr):  # there from the start, as with Popen
             open(path, "w").close()
         request = {"argv": command[1:], "env": env, "cwd": HERE, "stdout": str(stdout), "stderr": str(stderr),
