@@ -45,6 +45,8 @@ def assert_one_sentence(result, *words):
     (("--trace", "no/such/folder/run.json"), ("--trace", "does not exist")),
     (("--overhead", "--no-instrument"), ("--overhead", "--no-instrument")),
     (("--overhead", "--steps", "2"), ("--overhead", "--steps 3")),
+    (("--pace", "-1"), ("--pace", "between 0")),
+    (("--svg", "no/such/folder/run.svg"), ("--svg", "does not exist")),
 ])
 def test_bad_flag(flags, words):
     result, seconds = run_quietly([sys.executable, "03_1f1b.py", *flags])
