@@ -24,7 +24,7 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, parse_args, record, report, timed_step, track
+from harness import dump, log_step, parse_args, record, replay, report, timed_step, track
 
 args = parse_args(__doc__, micro_batches=True, v_shape=True)
 rank, world_size, device = setup(args, placement="v")
@@ -114,28 +114,6 @@ def get_schedule(rank):
     return [entry for entry in schedule if entry[2] < args.micro_batches]
 
 
-def unit_times(schedules):
-    """When each computation starts if every F, B and W takes one unit and messages none:
-    {(stage, kind, micro_batch): time}. A forward waits for the previous stage's, a backward for
-    the next stage's (the last stage's for its own forward), a W for its B."""
-    ends, starts, clock, position = {}, {}, [0] * len(schedules), [0] * len(schedules)
-    while any(p < len(schedule) for p, schedule in zip(position, schedules)):
-        for other, schedule in enumerate(schedules):
-            while position[other] < len(schedule):
-                kind, chunk, micro_batch = schedule[position[other]]
-                stage = stage_of(other, chunk)
-                needs = {"forward": ("forward", stage - 1),
-                         "backward": ("backward", stage + 1) if stage < num_stages - 1 else ("forward", stage),
-                         "weight": ("backward", stage)}[kind]
-                if needs[1] >= 0 and (needs[0], micro_batch, needs[1]) not in ends:
-                    break  # its input is not ready yet: another rank first
-                start = max(clock[other], ends.get((needs[0], micro_batch, needs[1]), 0))
-                starts[stage, kind, micro_batch] = start
-                clock[other] = ends[kind, micro_batch, stage] = start + 1
-                position[other] += 1
-    return starts
-
-
 def train_step(inputs, labels):
     """The rule's warm-up, steady state and cool-down, each tensor sent and received at the moment its
     receiver uses it when F, B and W take one unit each."""
@@ -171,7 +149,7 @@ def train_step(inputs, labels):
     # chunk-0 forward more than rank r + 1 before chunk 1's backwards, and its output would reach
     # rank r + 1 ahead of gradients that rank r + 1 needs first.
     schedules = [get_schedule(other) for other in range(world_size)]
-    starts = unit_times(schedules)
+    starts = replay(schedules, stage_of, num_stages)  # each computation's start, in units of one
     moments = {}  # time -> (this rank's computation then or None, sends, receive)
     for other, schedule in enumerate(schedules):
         for kind, chunk, i in schedule:

@@ -581,7 +581,6 @@ def _summarize(args, spans, steps, losses, memory, expected_inflight):
         "batch_size": args.batch_size, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
         "steps": args.steps, "threads": args.threads, "sync_sends": args.sync_sends, "losses": losses,
         "step_ms_median": _median([step_ms[step] for step in measured]),
-        "bubble_theory": (n - 1) / (v * m + n - 1),
     }
     if args.overhead:
         summary["step_ms_median_bare"] = _median([step_ms[step] for step in timed if step % 2])
@@ -625,32 +624,43 @@ def _summarize(args, spans, steps, losses, memory, expected_inflight):
     return summary
 
 
-def _replay(orders, layers, span_ms):
-    """Each rank's bubble if it ran its order of (kind, micro_batch, chunk) with every span of a kind
-    taking span_ms[kind] and messages taking no time: a forward waits for the previous stage's, a
-    backward for the next stage's (the last stage's for its own forward), a W for its B. Stages are
-    ordered by their first layer, from `layers` (each rank's chunks' [first, last])."""
-    firsts = sorted(float(rank[chunk, 0]) for rank in layers for chunk in range(len(rank)))
-    stage_of = {(rank, chunk): firsts.index(float(rows[chunk, 0])) for rank, rows in enumerate(layers)
-                for chunk in range(len(rows))}
-    last_stage, done, clock, position = len(firsts) - 1, {}, [0.0] * len(orders), [0] * len(orders)
+def replay(schedules, stage_of, num_stages, duration=lambda kind: 1.0):
+    """When each computation starts if every rank runs its schedule of (kind, chunk, micro_batch) in
+    order, a computation takes duration(kind), and messages take no time: a forward waits for the
+    previous stage's, a backward for the next stage's (the last stage's for its own forward), a weight
+    gradient for its B. stage_of(rank, chunk) places the chunks. Returns {(stage, kind, micro_batch): start}."""
+    ends, starts, clock, position = {}, {}, [0.0] * len(schedules), [0] * len(schedules)
     progress = True
     while progress:
         progress = False
-        for rank, order in enumerate(orders):
-            while position[rank] < len(order):
-                kind, micro_batch, chunk = order[position[rank]]
-                stage = stage_of[rank, chunk]
-                needs = {0: (0, stage - 1), 1: (1, stage + 1) if stage < last_stage else (0, stage),
-                         2: (1, stage)}[kind]
-                if needs[1] >= 0 and (needs[0], micro_batch, needs[1]) not in done:
+        for rank, schedule in enumerate(schedules):
+            while position[rank] < len(schedule):
+                kind, chunk, micro_batch = schedule[position[rank]]
+                stage = stage_of(rank, chunk)
+                needs = {"forward": ("forward", stage - 1),
+                         "backward": ("backward", stage + 1) if stage < num_stages - 1 else ("forward", stage),
+                         "weight": ("backward", stage)}[kind]
+                if needs[1] >= 0 and (needs[0], micro_batch, needs[1]) not in ends:
                     break  # its input is not ready yet: another rank first
-                start = max(clock[rank], done.get((needs[0], micro_batch, needs[1]), 0.0))
-                clock[rank] = done[kind, micro_batch, stage] = start + span_ms[KINDS[kind]]
+                start = max(clock[rank], ends.get((needs[0], micro_batch, needs[1]), 0.0))
+                starts[stage, kind, micro_batch] = start
+                clock[rank] = ends[kind, micro_batch, stage] = start + duration(kind)
                 position[rank] += 1
                 progress = True
-    span = max(clock)
-    return [1 - sum(span_ms[KINDS[kind]] for kind, _, _ in order) / span for order in orders]
+    return starts
+
+
+def _replay(orders, layers, span_ms):
+    """Each rank's bubble if it ran its recorded order of (kind, micro_batch, chunk) rows with every span
+    of a kind taking span_ms[kind]. Stages are ordered by their first layer, from `layers` (each rank's
+    chunks' [first, last])."""
+    firsts = sorted(float(rank[chunk, 0]) for rank in layers for chunk in range(len(rank)))
+    stage_of = lambda rank, chunk: firsts.index(float(layers[rank][chunk, 0]))  # noqa: E731
+    schedules = [[(KINDS[kind], chunk, micro_batch) for kind, micro_batch, chunk in order] for order in orders]
+    starts = replay(schedules, stage_of, len(firsts), duration=lambda kind: span_ms[kind])
+    span = max(starts[stage_of(rank, chunk), kind, micro_batch] + span_ms[kind]
+               for rank, schedule in enumerate(schedules) for kind, chunk, micro_batch in schedule)
+    return [1 - sum(span_ms[kind] for kind, _, _ in schedule) / span for schedule in schedules]
 
 
 def _timed_steps(args):

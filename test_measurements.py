@@ -136,3 +136,14 @@ def test_overhead_instruments_even_steps_only(runs):
     assert run.summary["step_ms_median"] > 0 and run.summary["step_ms_median_bare"] > 0
     assert run.summary["peak_inflight_microbatches"] == [3, 3, 3]
     assert "timeline of step 4" in run.stdout and "--overhead:" in run.stdout
+
+
+def test_svg_draws_every_computation(runs, tmp_path):
+    """--svg: a box per forward, backward and W of the last step, on every rank, and the theory in its title."""
+    path = tmp_path / "run.svg"
+    run = pipelined(runs, "05_zero_bubble.py", 2, 3, "--svg", str(path))
+    picture = path.read_text()
+    for colour, kind in (("#4e79a7", "forward"), ("#59a14f", "backward"), ("#f28e2b", "weight")):
+        assert picture.count(f'fill="{colour}"') == 2 * 3, kind  # 2 ranks, 3 micro-batches
+    assert f"theory {run.summary['bubble_theory']:.3f}" in picture
+    assert picture.count("<text") >= 2 + 1  # the rank labels and the title
