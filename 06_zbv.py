@@ -14,13 +14,16 @@ min(r + 1, m) chunks in flight: 2n chunks of half a stage, 1F1B's n stages. F3/B
     rank 2        F0 f0 F1 f1 F2 f2 b0 w0 F3 B0 W0 f3 b1 w1 F4 B1 W1 f4 b2 w2 B2 b3 B3 b4 B4 W2 w3 w4 W3 W4
 """
 
+import collections
+
 import torch
 import torch.nn.functional as F
 
 from common import (
     build_stage,
     get_batch,
-    send_and_receive,
+    post,
+    release,
     setup,
     wait_for_sends,
 )
@@ -115,8 +118,8 @@ def get_schedule(rank):
 
 
 def train_step(inputs, labels):
-    """The rule's warm-up, steady state and cool-down, each tensor sent and received at the moment its
-    receiver uses it when F, B and W take one unit each."""
+    """The rule's warm-up, steady state and cool-down, each tensor sent and received the moment it is
+    computed when F, B and W take one unit each, and waited for when it is used."""
     micro_batches = list(zip(inputs.tensor_split(args.micro_batches), labels.tensor_split(args.micro_batches)))
     shapes = [micro_inputs.shape for micro_inputs, _ in micro_batches]  # what each receive expects
     input_tensors, output_tensors, losses = [[], []], [[], []], []  # per chunk, stashed for backward, oldest first
@@ -142,42 +145,48 @@ def train_step(inputs, labels):
             outputs[True, chunk, i] = grad_input
 
     # Every rank works out every rank's schedule and when, at one unit per computation, each
-    # computation starts. A tensor is sent and received in one group at the start of the
-    # computation that uses it, by both ranks: all ranks post their groups in the same order of
-    # time, so under NCCL's rules (sends wait to be received, receives are matched by order) none
-    # waits for a group posted later. Sending as soon as computed is not safe: rank r runs a
-    # chunk-0 forward more than rank r + 1 before chunk 1's backwards, and its output would reach
-    # rank r + 1 ahead of gradients that rank r + 1 needs first.
+    # computation starts and ends. A tensor is sent and received in one group, by both ranks, the
+    # moment it is computed; its receiver waits for it when it uses it, and its sender lets go of it
+    # then. All ranks post their groups in the same order of time, so under NCCL's rules (sends wait
+    # to be received, receives are matched by order) none waits for a group posted later. Sending
+    # whenever computed is not safe: rank r runs a chunk-0 forward more than rank r + 1 before chunk
+    # 1's backwards, and its output would reach rank r + 1 ahead of gradients that rank r + 1 needs first.
     schedules = [get_schedule(other) for other in range(world_size)]
     starts = replay(schedules, stage_of, num_stages)  # each computation's start, in units of one
-    moments = {}  # time -> (this rank's computation then or None, sends, receive)
+    moments = collections.defaultdict(lambda: [None, [], [], []])  # time -> [computation, sends, receives, releases]
     for other, schedule in enumerate(schedules):
         for kind, chunk, i in schedule:
             stage = stage_of(other, chunk)
-            time = starts[stage, kind, i]
             if other == rank:
-                moments.setdefault(time, [None, [], None])[0] = kind, chunk, i
-            source = {"forward": stage - 1, "backward": stage + 1, "weight": -1}[kind]
-            if 0 <= source < num_stages and min(source, num_stages - 1 - source) == rank:
-                gradient, source_chunk = kind == "backward", int(source >= world_size)
-                moments.setdefault(time, [None, [], None])[1].append((gradient, source_chunk, i))
-            if other == rank and 0 <= source < num_stages:
-                moments[time][2] = i, chunk, shapes[i], kind == "backward"
+                moments[starts[stage, kind, i]][0] = kind, chunk, i
+            target = {"forward": stage + 1, "backward": stage - 1}.get(kind, -1)  # the stage that uses its result
+            if not 0 <= target < num_stages:
+                continue
+            gradient, made, used = kind == "backward", starts[stage, kind, i] + 1, starts[target, kind, i]
+            if other == rank:
+                moments[made][1].append((gradient, chunk, i))
+                moments[used][3].append((gradient, chunk, i))
+            if min(target, num_stages - 1 - target) == rank:
+                moments[made][2].append((i, int(target >= world_size), shapes[i], gradient))
 
+    received = {}  # (gradient?, chunk, micro_batch) -> waits for that tensor and returns it
     for time in sorted(moments):  # warm-up, steady state and cool-down, in the rule's order
-        computation, sends, receive = moments[time]
+        computation, sends, receives, releases = moments[time]
         sends = [(i, chunk, outputs.pop((gradient, chunk, i)), gradient) for gradient, chunk, i in sends]
-        input_tensor, grad_output = send_and_receive(computation[0] if computation else "send", sends,
-                                                     [receive] if receive else [])
-        if computation is None:
-            continue
-        kind, chunk, i = computation
+        for (i, chunk, _, gradient), receive in zip(receives, post(computation[0] if computation else "send",
+                                                                   sends, receives)):
+            received[gradient, chunk, i] = receive
+        kind, chunk, i = computation or (None, None, None)
         if kind == "forward":
-            forward(chunk, i, input_tensor)  # input_tensor is None on the first stage
+            receive = received.pop((False, chunk, i), None)
+            forward(chunk, i, receive and receive())  # None on the first stage
         elif kind == "backward":
-            backward(chunk, i, grad_output)  # grad_output is None on the last stage
-        else:
+            receive = received.pop((True, chunk, i), None)
+            backward(chunk, i, receive and receive())  # None on the last stage
+        elif kind == "weight":
             weight_step(*weight_works[chunk].pop(0))
+        for gradient, chunk, i in releases:  # its receiver has used it: it surely has it
+            release(i, chunk, gradient)
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stages[1].is_last else None
 

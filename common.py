@@ -146,7 +146,8 @@ def get_batch(args, step, device):
 # the tensor travels; it is released (waited on, its buffer freed) as soon as this rank knows
 # the peer has it, and wait_for_sends() releases the rest before the step ends. A receive is
 # posted with the sends of its group, when it is needed: posted a computation earlier, it made
-# no schedule here faster on gloo and 04 slower (the README measures it).
+# no schedule here faster on gloo and 04 slower (the README measures it). The V (06) posts each
+# group the moment its tensor is made, with post(), waits when it uses it, and release()s its own.
 
 _sends = {}  # (peer, tag) -> (request, name, micro_batch, chunk): posted, not yet released
 _receiving = []  # [request, name, micro_batch, chunk, peer]: receives posted, not yet waited on
@@ -199,14 +200,23 @@ def communicate(name, send_forward=None, send_backward=None, recv_forward=None, 
     return input_tensor, grad_output
 
 
-def send_and_receive(name, sends=(), recvs=()):
-    """Any number of sends and receives, posted as one group: each send is (micro_batch, chunk, tensor,
-    gradient?), each receive (micro_batch, chunk, shape, gradient?). Returns (input_tensor, grad_output)
-    as communicate does: one receive of each kind at most."""
-    received = _p2p(name, list(sends), list(recvs))
-    if received.get(False) is not None:
-        received[False].requires_grad_()  # a leaf: backward leaves the gradient to send back in its .grad
-    return received.get(False), received.get(True)
+def post(name, sends=(), recvs=()):
+    """Any number of sends and receives, posted as one group, without waiting: each send is
+    (micro_batch, chunk, tensor, gradient?), each receive (micro_batch, chunk, shape, gradient?).
+    Returns, per receive, a function that waits for its tensor and returns it (None where the
+    pipeline ends; a received activation made a leaf, as communicate does). A send is held until
+    release() lets go of it."""
+    pending = _post(name, list(sends), list(recvs))
+    for send in sends if _sync_sends else ():  # NCCL's rule: a send is done once received
+        release(send[0], send[1], send[3])
+    return [lambda receive=receive: _take(receive) for receive in pending]
+
+
+def release(micro_batch, chunk, gradient):
+    """Wait until the peer has the tensor post() sent from this chunk for this micro-batch, and let go of it."""
+    link = _link(micro_batch, chunk, gradient, sending=True)
+    if link:
+        _release(link)
 
 
 def wait_for_sends():
@@ -248,13 +258,29 @@ def _world_rank(peer):
 
 
 def _p2p(name, sends, recvs, meanwhile=None):
-    """Post sends and receives as one group, wait for the receives, and return {gradient?: tensor}.
-    Each send is (micro_batch, chunk, tensor, gradient?), each receive (micro_batch, chunk, shape,
-    gradient?); those that cross no boundary (the pipeline ends there) are dropped."""
+    """Post sends and receives as one group, run meanwhile() if given, wait for the receives, and
+    return {gradient?: tensor}. Each send is (micro_batch, chunk, tensor, gradient?), each receive
+    (micro_batch, chunk, shape, gradient?); those that cross no boundary (the pipeline ends there)
+    are dropped."""
+    pending = _post(name, sends, recvs)
+    if meanwhile:
+        meanwhile()
+    received = {recv[3]: _collect(receive) for recv, receive in zip(recvs, pending) if receive}
+    for send, link in [(send, link) for send in sends if (link := _link(send[0], send[1], send[3], sending=True))]:
+        # NCCL's rule: a send is done once received. Otherwise, once a peer's tensor has come in
+        # this group, the peer posted its receive of ours no later than it sent that one.
+        if _sync_sends or any(receive and receive[1][0] == link[0] for receive in pending):
+            _release(link)
+    return received
+
+
+def _post(name, sends, recvs):
+    """Post the group; return, per receive, [receive, link, tensor, wait or None] (None where the
+    pipeline ends), which _collect() waits for."""
     sends = [(send, link) for send in sends if (link := _link(send[0], send[1], send[3], sending=True))]
-    recvs = [(recv, link) for recv in recvs if (link := _link(recv[0], recv[1], recv[3], sending=False))]
+    links = [_link(recv[0], recv[1], recv[3], sending=False) for recv in recvs]
     if _sync_sends:  # NCCL runs a rank's sends and receives in the order posted: a receive posted
-        while _receiving:  # earlier (a group whose meanwhile() posts this one) holds all of this back
+        while _receiving:  # earlier (and not yet waited on) holds all of this back
             _wait(*_receiving.pop(0))
     for send, link in sends:
         if link[0] == _rank:  # a link to itself (a world of one with chunks, the V's bottom rank): it stays here
@@ -262,42 +288,56 @@ def _p2p(name, sends, recvs, meanwhile=None):
     sends = [(send, link) for send, link in sends if link[0] != _rank]
     operations = [_operation(dist.isend, harness.track(send[2]).detach(), link) for send, link in sends]
     harness.posted([(_world_rank(peer), tag) for _, (peer, tag) in sends],
-                   [(_world_rank(peer), tag) for _, (peer, tag) in recvs if peer != _rank])
-    received = []  # (the index of its operation, None if handed over in memory; the tensor) per receive
-    for recv, link in recvs:
-        if link[0] == _rank:
-            received.append((None, _loopback.pop(link)))
+                   [(_world_rank(link[0]), link[1]) for link in links if link and link[0] != _rank])
+    pending = []
+    for recv, link in zip(recvs, links):
+        if link is None:
+            pending.append(None)
+        elif link[0] == _rank:
+            pending.append([recv, link, _loopback.pop(link), None])
         else:
-            operations.append(_operation(dist.irecv, harness.track(torch.empty(recv[2], dtype=_dtype,
-                                                                               device=_device)), link))
-            received.append((len(operations) - 1, operations[-1].tensor))
+            tensor = harness.track(torch.empty(recv[2], dtype=_dtype, device=_device))
+            operations.append(_operation(dist.irecv, tensor, link))
+            pending.append([recv, link, tensor, len(operations) - 1])
     # One group: NCCL runs two ranks' sends and receives in order on one stream, so sends and
     # receives that must overlap are launched together (gloo's are independent anyway).
     requests = dist.batch_isend_irecv(operations) if operations else []
     for (send, link), request in zip(sends, requests):
         _sends[link] = request, name, send[0], send[1]
-    waits = [[requests[index], name, recv[0], recv[1], link[0]] if index is not None else None
-             for (recv, link), (index, _) in zip(recvs, received)]
-    _receiving.extend(wait for wait in waits if wait)
-    if meanwhile:
-        meanwhile()
-    tensors = {}
-    for (recv, link), (index, tensor), wait in zip(recvs, received, waits):
-        if wait in _receiving:  # not yet waited on by a group posted in meanwhile()
-            _receiving.remove(wait)
-            _wait(*wait)
-        if recv[3]:  # a gradient is back, so the peer surely had the activation it came from
-            _release((link[0], link[1] - 1))
-        else:  # an activation: its sender posted the receive of every gradient we sent it no later than this
-            for sent in [sent for sent in _sends if sent[0] == link[0] and sent[1] % 2]:
-                _release(sent)
-        tensors[recv[3]] = tensor
-    for send, link in sends:
-        # NCCL's rule: a send is done once received. Otherwise, once a peer's tensor has come in
-        # this group, the peer posted its receive of ours no later than it sent that one.
-        if _sync_sends or any(peer == link[0] for _, (peer, _) in recvs):
-            _release(link)
-    return tensors
+    for receive in pending:
+        if receive and receive[3] is not None:
+            receive[3] = [requests[receive[3]], name, receive[0][0], receive[0][1], receive[1][0]]
+            _receiving.append(receive[3])
+    return pending
+
+
+def _collect(receive):
+    """Wait for a posted receive, release the sends its arrival proves received, return its tensor."""
+    recv, link, tensor, _ = receive
+    _arrive(receive)
+    if recv[3]:  # a gradient is back, so the peer surely had the activation it came from
+        _release((link[0], link[1] - 1))
+    else:  # an activation: its sender posted the receive of every gradient we sent it no later than this
+        for sent in [sent for sent in _sends if sent[0] == link[0] and sent[1] % 2]:
+            _release(sent)
+    return tensor
+
+
+def _arrive(receive):
+    """Wait for a posted receive's tensor, unless a group posted since has waited for it."""
+    wait = receive[3]
+    if wait in _receiving:
+        _receiving.remove(wait)
+        _wait(*wait)
+
+
+def _take(receive):
+    """post()'s receive: the tensor, once here; a received activation becomes a leaf."""
+    if receive is None:
+        return None
+    _arrive(receive)
+    tensor, receive[2:] = receive[2], [None, None]  # from here on only the caller holds it
+    return tensor if receive[0][3] else tensor.requires_grad_()
 
 
 def _release(link):
