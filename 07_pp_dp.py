@@ -65,8 +65,8 @@ def all_reduce(loss):
     """Start summing this stage's gradients (and the last stage's loss) over its copies, one in each
     pipeline: each copy then holds the whole batch's. Waited for before the optimizer step."""
     tensors = [param.grad for param in stage.parameters()] + ([loss] if stage.is_last else [])
-    return started("allreduce", [dist.all_reduce(tensor, group=mesh.get_group("dp"), async_op=True)
-                                 for tensor in tensors])
+    return started("allreduce", lambda: [dist.all_reduce(tensor, group=mesh.get_group("dp"), async_op=True)
+                                         for tensor in tensors])
 
 
 def train_step(inputs, labels):

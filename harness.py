@@ -424,10 +424,12 @@ def record(kind, micro_batch, chunk=0):
         _recorder.pending.append([_recorder.step, KINDS.index(kind), micro_batch, chunk, start, _mark()])
 
 
-def started(kind, requests):
-    """Requests started now and waited for later (07's gradient all-reduce): wait() on what this
-    returns waits for them all, and records one span from now until then."""
-    return _Started(kind, requests, _mark() if _recorder.enabled else None)
+def started(kind, start):
+    """Requests that start() starts now, waited for later (07's gradient all-reduce): wait() on what
+    this returns waits for them all, and records one span from before start() until then, so the
+    span also counts the time it takes to start them."""
+    begun = _mark() if _recorder.enabled else None
+    return _Started(kind, start(), begun)
 
 
 class _Started:
