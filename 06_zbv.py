@@ -173,8 +173,7 @@ def train_step(inputs, labels):
     for time in sorted(moments):  # warm-up, steady state and cool-down, in the rule's order
         computation, sends, receives, releases = moments[time]
         sends = [(i, chunk, outputs.pop((gradient, chunk, i)), gradient) for gradient, chunk, i in sends]
-        for (i, chunk, _, gradient), receive in zip(receives, post(computation[0] if computation else "send",
-                                                                   sends, receives)):
+        for (i, chunk, _, gradient), receive in zip(receives, post(sends, receives)):
             received[gradient, chunk, i] = receive
         kind, chunk, i = computation or (None, None, None)
         if kind == "forward":

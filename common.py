@@ -200,13 +200,14 @@ def communicate(name, send_forward=None, send_backward=None, recv_forward=None, 
     return input_tensor, grad_output
 
 
-def post(name, sends=(), recvs=()):
+def post(sends=(), recvs=()):
     """Any number of sends and receives, posted as one group, without waiting: each send is
     (micro_batch, chunk, tensor, gradient?), each receive (micro_batch, chunk, shape, gradient?).
     Returns, per receive, a function that waits for its tensor and returns it (None where the
     pipeline ends; a received activation made a leaf, as communicate does). A send is held until
-    release() lets go of it."""
-    pending = _post(name, list(sends), list(recvs))
+    release() lets go of it. Waits are named after what they are for: the forward or backward that
+    uses a receive, the send."""
+    pending = _post(None, list(sends), list(recvs))
     for send in sends if _sync_sends else ():  # NCCL's rule: a send is done once received
         release(send[0], send[1], send[3])
     return [lambda receive=receive: _take(receive) for receive in pending]
@@ -276,7 +277,8 @@ def _p2p(name, sends, recvs, meanwhile=None):
 
 def _post(name, sends, recvs):
     """Post the group; return, per receive, [receive, link, tensor, wait or None] (None where the
-    pipeline ends), which _collect() waits for."""
+    pipeline ends), which _collect() waits for. name: what the waits report; None names each after
+    what it is for."""
     sends = [(send, link) for send in sends if (link := _link(send[0], send[1], send[3], sending=True))]
     links = [_link(recv[0], recv[1], recv[3], sending=False) for recv in recvs]
     if _sync_sends:  # NCCL runs a rank's sends and receives in the order posted: a receive posted
@@ -303,10 +305,11 @@ def _post(name, sends, recvs):
     # receives that must overlap are launched together (gloo's are independent anyway).
     requests = dist.batch_isend_irecv(operations) if operations else []
     for (send, link), request in zip(sends, requests):
-        _sends[link] = request, name, send[0], send[1]
+        _sends[link] = request, name or "send", send[0], send[1]
     for receive in pending:
         if receive and receive[3] is not None:
-            receive[3] = [requests[receive[3]], name, receive[0][0], receive[0][1], receive[1][0]]
+            receive[3] = [requests[receive[3]], name or ("backward" if receive[0][3] else "forward"), receive[0][0],
+                          receive[0][1], receive[1][0]]
             _receiving.append(receive[3])
     return pending
 
