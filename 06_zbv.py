@@ -149,8 +149,9 @@ def train_step(inputs, labels):
     # moment it is computed; its receiver waits for it when it uses it, and its sender lets go of it
     # then. All ranks post their groups in the same order of time, so under NCCL's rules (sends wait
     # to be received, receives are matched by order) none waits for a group posted later. Sending
-    # whenever computed is not safe: rank r runs a chunk-0 forward more than rank r + 1 before chunk
-    # 1's backwards, and its output would reach rank r + 1 ahead of gradients that rank r + 1 needs first.
+    # whenever computed, with each receive posted when needed, is not safe: rank r runs a chunk-0
+    # forward more than rank r + 1 before chunk 1's backwards, and its output would reach rank r + 1
+    # ahead of gradients that rank r + 1 would post for first.
     schedules = [get_schedule(other) for other in range(world_size)]
     starts = replay(schedules, stage_of, num_stages)  # each computation's start, in units of one
     moments = collections.defaultdict(lambda: [None, [], [], []])  # time -> [computation, sends, receives, releases]
