@@ -207,9 +207,9 @@ def post(sends=(), recvs=()):
     pipeline ends; a received activation made a leaf, as communicate does). A send is held until
     release() lets go of it. Waits are named after what they are for: the forward or backward that
     uses a receive, the send."""
-    pending = _post(None, list(sends), list(recvs))
-    for send in sends if _sync_sends else ():  # NCCL's rule: a send is done once received
-        release(send[0], send[1], send[3])
+    pending, sent = _post(None, list(sends), list(recvs))
+    for link in sent if _sync_sends else ():  # NCCL's rule: a send is done once received
+        _release(link)
     return [lambda receive=receive: _take(receive) for receive in pending]
 
 
@@ -263,11 +263,11 @@ def _p2p(name, sends, recvs, meanwhile=None):
     return {gradient?: tensor}. Each send is (micro_batch, chunk, tensor, gradient?), each receive
     (micro_batch, chunk, shape, gradient?); those that cross no boundary (the pipeline ends there)
     are dropped."""
-    pending = _post(name, sends, recvs)
+    pending, sent = _post(name, sends, recvs)
     if meanwhile:
         meanwhile()
     received = {recv[3]: _collect(receive) for recv, receive in zip(recvs, pending) if receive}
-    for send, link in [(send, link) for send in sends if (link := _link(send[0], send[1], send[3], sending=True))]:
+    for link in sent:
         # NCCL's rule: a send is done once received. Otherwise, once a peer's tensor has come in
         # this group, the peer posted its receive of ours no later than it sent that one.
         if _sync_sends or any(receive and receive[1][0] == link[0] for receive in pending):
@@ -277,8 +277,8 @@ def _p2p(name, sends, recvs, meanwhile=None):
 
 def _post(name, sends, recvs):
     """Post the group; return, per receive, [receive, link, tensor, wait or None] (None where the
-    pipeline ends), which _collect() waits for. name: what the waits report; None names each after
-    what it is for."""
+    pipeline ends), which _collect() waits for, and the links of the sends to other ranks.
+    name: what the waits report; None names each after what it is for."""
     sends = [(send, link) for send in sends if (link := _link(send[0], send[1], send[3], sending=True))]
     links = [_link(recv[0], recv[1], recv[3], sending=False) for recv in recvs]
     if _sync_sends:  # NCCL runs a rank's sends and receives in the order posted: a receive posted
@@ -311,7 +311,7 @@ def _post(name, sends, recvs):
             receive[3] = [requests[receive[3]], name or ("backward" if receive[0][3] else "forward"), receive[0][0],
                           receive[0][1], receive[1][0]]
             _receiving.append(receive[3])
-    return pending
+    return pending, [link for _, link in sends]
 
 
 def _collect(receive):

@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+import harness
 from conftest import ENV, HERE, SIZE, SYNC, start_ranks, variant, wait_ranks
 from test_equivalence import EXACT, assert_close
 from test_failures import assert_one_sentence, two_nodes
@@ -188,3 +189,12 @@ def test_stuck_rank_times_out(tmp_path):
         assert len(sentences) == 1 and sentences[0].startswith(f"error: rank {rank} gave up in "), error
         assert "Traceback" not in error, error
     assert any("waiting for rank 1" in error or "waiting for its copies" in error for error in errors), errors
+
+
+def test_all_reduce_span_counts_its_launch(monkeypatch):
+    """The table's all-reduce time starts before the requests are posted: launching them is part of it."""
+    monkeypatch.setattr(harness._recorder, "pending", [])
+    launch_seconds = 0.05
+    harness.started("allreduce", lambda: time.sleep(launch_seconds) or []).wait()
+    [(_, kind, _, _, start, end)] = harness._recorder.pending
+    assert harness.KINDS[kind] == "allreduce" and end - start >= launch_seconds
