@@ -693,19 +693,26 @@ def _peak_inflight(work):
 
 
 def _label(kind, micro_batch, chunk, chunks):
+    """F3, B3.1 (micro-batch 3, model chunk 1), W3; AR for the gradient all-reduce."""
+    if KINDS[int(kind)] not in LETTERS:
+        return "AR"
     return f"{LETTERS[KINDS[int(kind)]]}{int(micro_batch)}" + (f".{int(chunk)}" if chunks else "")
+
+
+def _last_step(spans):
+    """The last recorded step: its number, each rank's spans but its waits, their start and length."""
+    step = int(spans[0][-1, 0])
+    rows = [s[(s[:, 0] == step) & (s[:, 1] != KINDS.index("wait"))] for s in spans]
+    start = min(float(r[:, 4].min()) for r in rows)
+    return step, rows, start, max(float(r[:, 5].max()) for r in rows) - start
 
 
 def _timeline(spans, chunks):
     """The last recorded step as text: a row per rank, time left to right, idle left blank."""
-    step = int(spans[0][-1, 0])
-    rows = [s[(s[:, 0] == step) & (s[:, 1] != KINDS.index("wait"))] for s in spans]
-    start = min(float(r[:, 4].min()) for r in rows)
-    length = max(float(r[:, 5].max()) for r in rows) - start
+    step, rows, start, length = _last_step(spans)
     width = max(40, shutil.get_terminal_size().columns - 10)
     legend = "F forward, B backward" + (", W weight gradient" if any((r[:, 1] == 2).any() for r in rows) else "")
-    reduce = KINDS.index("allreduce")
-    legend += ", AR gradient all-reduce" if any((r[:, 1] == reduce).any() for r in rows) else ""
+    legend += ", AR gradient all-reduce" if any((r[:, 1] == KINDS.index("allreduce")).any() for r in rows) else ""
     lines = [f"timeline of step {step} ({1e3 * length:.1f} ms; {legend}"
              f"{', .c model chunk c' if chunks else ''}; blank idle):"]
     for rank, r in enumerate(rows):
@@ -713,8 +720,8 @@ def _timeline(spans, chunks):
         for _, kind, micro_batch, chunk, begin, end in sorted(r.tolist(), key=lambda span: span[4]):
             first = max(taken, int((begin - start) / length * width))  # never draw over the previous span
             last = taken = min(width, max(first + 1, round((end - start) / length * width)))
-            text, fill = ("AR", "+") if kind == reduce else (_label(kind, micro_batch, chunk, chunks), "-=~"[int(kind)])
-            line[first:last] = (text + fill * width)[: last - first]
+            fill = "-=~ +"[int(kind)]  # in KINDS' order; waits are not drawn
+            line[first:last] = (_label(kind, micro_batch, chunk, chunks) + fill * width)[: last - first]
         lines.append(f"rank {rank:2d} |{''.join(line).rstrip()}")
     return "\n".join(lines)
 
@@ -770,10 +777,7 @@ COLOURS = {"forward": "#4e79a7", "backward": "#59a14f", "weight": "#f28e2b", "al
 def _write_svg(path, spans, chunks, summary):
     """The last recorded step as a picture: a row per rank, a box per computation (and per all-reduce),
     idle left empty."""
-    step = int(spans[0][-1, 0])
-    rows = [s[(s[:, 0] == step) & (s[:, 1] != KINDS.index("wait"))] for s in spans]
-    start = min(float(r[:, 4].min()) for r in rows)
-    length = max(float(r[:, 5].max()) for r in rows) - start
+    step, rows, start, length = _last_step(spans)
     left, width, height = 70, max(960, 36 * max(len(r) for r in rows)), 26  # room for each box's label
     scale = lambda t: left + (t - start) / length * width  # noqa: E731
     copies = summary.get("data_parallel", 1)
@@ -791,7 +795,7 @@ def _write_svg(path, spans, chunks, summary):
         parts.append(f'<text x="4" y="{y + 17}">rank {rank}</text>')
         for _, kind, micro_batch, chunk, begin, end in r.tolist():
             x, w = scale(begin), max(1.0, scale(end) - scale(begin))
-            label = _label(kind, micro_batch, chunk, chunks) if KINDS[int(kind)] in LETTERS else "AR"
+            label = _label(kind, micro_batch, chunk, chunks)
             parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{height - 6}" '
                          f'fill="{COLOURS[KINDS[int(kind)]]}" stroke="white"/>')
             if w > 7 * len(label):  # a label that fits its box
