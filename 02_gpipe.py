@@ -28,8 +28,8 @@ from common import (
 from harness import dump, log_step, parse_args, record, report, timed_step
 
 args = parse_args(__doc__, micro_batches=True)
-rank, world_size, device = setup(args)
-stage = build_stage(args, rank, world_size, device)  # this rank's layers only
+rank, num_stages, device = setup(args)
+stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
 
 
@@ -88,4 +88,4 @@ for step in range(args.steps):
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
 report(args, [stage], expected_inflight=lambda rank: args.micro_batches,
-       bubble_theory=(world_size - 1) / (args.micro_batches + world_size - 1))
+       bubble_theory=(num_stages - 1) / (args.micro_batches + num_stages - 1))

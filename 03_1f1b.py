@@ -30,8 +30,8 @@ from common import (
 from harness import dump, log_step, parse_args, record, report, timed_step
 
 args = parse_args(__doc__, micro_batches=True)
-rank, world_size, device = setup(args)
-stage = build_stage(args, rank, world_size, device)  # this rank's layers only
+rank, num_stages, device = setup(args)
+stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
 
 
@@ -70,7 +70,7 @@ def train_step(inputs, labels):
         return backward_step(i, input_tensors.pop(0), output_tensors.pop(0), grad_output)
 
     # Stage r runs n - r - 1 forwards ahead of its first backward (all of them if m is smaller).
-    num_warmup_microbatches = min(world_size - rank - 1, args.micro_batches)
+    num_warmup_microbatches = min(num_stages - rank - 1, args.micro_batches)
     num_microbatches_remaining = args.micro_batches - num_warmup_microbatches
 
     for i in range(num_warmup_microbatches):  # warm-up: forwards only
@@ -109,5 +109,5 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
-report(args, [stage], expected_inflight=lambda rank: min(world_size - rank, args.micro_batches),
-       bubble_theory=(world_size - 1) / (args.micro_batches + world_size - 1))
+report(args, [stage], expected_inflight=lambda rank: min(num_stages - rank, args.micro_batches),
+       bubble_theory=(num_stages - 1) / (args.micro_batches + num_stages - 1))

@@ -18,12 +18,14 @@ import torch
 import torch.nn.functional as F
 
 from common import (
+    Recv,
+    Send,
     build_stage,
     get_batch,
+    post,
     recv_backward,
     recv_forward,
     send_backward,
-    send_backward_recv_forward,
     send_forward,
     send_forward_recv_backward,
     setup,
@@ -32,8 +34,8 @@ from common import (
 from harness import dump, log_step, parse_args, record, report, timed_step, track
 
 args = parse_args(__doc__, micro_batches=True)
-rank, world_size, device = setup(args)
-stage = build_stage(args, rank, world_size, device)  # this rank's layers only
+rank, num_stages, device = setup(args)
+stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
 noted = []  # (Linear, its input, its output's gradient edge) for each Linear the forward has run
 
@@ -59,7 +61,7 @@ def forward_step(micro_batch, input_tensor, inputs, labels):
     return output_tensor
 
 
-def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears):
+def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, chunk=0):
     """B: backpropagate to this stage's input and to each Linear's output, not to the weights;
     return the gradient for the previous stage, and what W needs."""
     with record("backward", micro_batch):
@@ -70,9 +72,9 @@ def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears
     return (None if input_tensor is None else grads[-1]), weight_work
 
 
-def weight_step(micro_batch, weight_work):
+def weight_step(micro_batch, weight_work, chunk=0):
     """W: each Linear's weight and bias gradients, one matrix product each, added into .grad."""
-    with record("weight", micro_batch):
+    with record("weight", micro_batch, chunk):
         for linear, linear_input, grad_linear_output in weight_work:
             if linear.weight.grad is None:  # zero_grad() leaves None
                 linear.weight.grad, linear.bias.grad = torch.zeros_like(linear.weight), torch.zeros_like(linear.bias)
@@ -109,7 +111,7 @@ def train_step(inputs, labels):
             weight_step(*weight_works.pop(0))
 
     # Stage r runs n - r - 1 forwards ahead of its first backward (all of them if m is smaller).
-    num_warmup_microbatches = min(world_size - rank - 1, args.micro_batches)
+    num_warmup_microbatches = min(num_stages - rank - 1, args.micro_batches)
     num_microbatches_remaining = args.micro_batches - num_warmup_microbatches
     # W runs `rank` micro-batches behind B: stage r's last B ends r slots before stage 0's, and the
     # W's it kept back fill them.
@@ -130,8 +132,9 @@ def train_step(inputs, labels):
         grad_output = send_forward_recv_backward(j, output_tensor, i, shapes[i])
         grad_input = backward(i, grad_output)
         if j + 1 < args.micro_batches:  # W runs while the pair travels, in the wait for the next input
-            input_tensor = send_backward_recv_forward(i, grad_input, j + 1, shapes[j + 1],
-                                                      meanwhile=lambda: weights(keep=num_deferred_weights))
+            pending = post(Send(i, grad_input, True), Recv(j + 1, shapes[j + 1], False))
+            weights(keep=num_deferred_weights)
+            input_tensor, = pending.wait()
         else:
             send_backward(i, grad_input)
             weights(keep=num_deferred_weights)
@@ -156,6 +159,6 @@ for step in range(args.steps):
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
 # in flight from F to W: 1F1B's n - r micro-batches, and the `rank` more whose W is deferred
-n, m = world_size, args.micro_batches
+n, m = num_stages, args.micro_batches
 report(args, [stage], expected_inflight=lambda rank: min(n, m),
        bubble_theory=1 - 3 * m / max(3 * m + n - 1, 2 * m + 2 * n - 1))  # equal F, B, W; see the README

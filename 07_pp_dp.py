@@ -37,10 +37,10 @@ from common import (
 from harness import dump, log_step, parse_args, record, report, started, timed_step
 
 args = parse_args(__doc__, micro_batches=True, data_parallel=True)
-rank, world_size, device = setup(args, data_parallel=True)  # within this rank's pipeline: its stage, the stage count
+rank, num_stages, device = setup(args, data_parallel=True)  # within this rank's pipeline: its stage, the stage count
 mesh = device_mesh()  # mesh["pp"]: this rank's pipeline; mesh["dp"]: the copies of its stage, one in each pipeline
 copy, num_copies = mesh.get_local_rank("dp"), mesh.size(0)  # which pipeline this rank is in, of how many
-stage = build_stage(args, rank, world_size, device)  # this rank's layers only
+stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
 
 
@@ -88,7 +88,7 @@ def train_step(inputs, labels):
         return backward_step(i, input_tensors.pop(0), output_tensors.pop(0), grad_output)
 
     # Stage r runs n - r - 1 forwards ahead of its first backward (all of them if m is smaller).
-    num_warmup_microbatches = min(world_size - rank - 1, args.micro_batches)
+    num_warmup_microbatches = min(num_stages - rank - 1, args.micro_batches)
     num_microbatches_remaining = args.micro_batches - num_warmup_microbatches
 
     for i in range(num_warmup_microbatches):  # warm-up: forwards only
@@ -132,6 +132,6 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss if copy == num_copies - 1 else None)  # once a step, by the last rank
 dump(args.dump_params, dict(stage.named_parameters()))
-# rank: a rank of the world, whose stage is rank % world_size
-report(args, [stage], expected_inflight=lambda rank: min(world_size - rank % world_size, args.micro_batches),
-       bubble_theory=(world_size - 1) / (args.micro_batches + world_size - 1))
+# rank: a rank of the world, whose stage is rank % num_stages
+report(args, [stage], expected_inflight=lambda rank: min(num_stages - rank % num_stages, args.micro_batches),
+       bubble_theory=(num_stages - 1) / (args.micro_batches + num_stages - 1))

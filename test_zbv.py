@@ -8,7 +8,7 @@ import pytest
 from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _ComputationType
 
 from conftest import MEMORY, SIZE, SYNC, pipelined, torchrun
-from harness import replay
+from common import replay
 from test_equivalence import assert_matches
 from test_failures import assert_one_sentence, run_quietly
 
@@ -96,7 +96,8 @@ def held_theory(n, m, blocks, head):
     order at one unit per computation (README, *ZB-V*, held bytes). A chunk holds its input and its
     blocks' outputs from F to B, and its Linears' inputs and output gradients from B to W; B keeps
     those gradients a moment before autograd lets go of the rest. A tensor between two ranks is held by
-    its receiver from the moment it is made, and a gradient also by its sender, until it is used.
+    its receiver from the moment it is made, and a gradient also by its sender, until it is used or, sooner,
+    until the sender uses a tensor from that peer made no earlier than it (common.post's release_on_arrival).
     `head`: the last stage's extra, its rows x 10 log-probabilities (F to B) and their gradient (B to W)."""
     num_stages = 2 * n
     stage_of = lambda rank, chunk: (rank, num_stages - 1 - rank)[chunk]  # noqa: E731
@@ -125,8 +126,14 @@ def held_theory(n, m, blocks, head):
             holders.get(tensor, set()).discard(who)
 
         held = lambda: sum(sizes[tensor] for tensor, who in holders.items() if who)  # noqa: E731
-        peak = 0.0
+        peak, sent = 0.0, []  # sent: (gradient, its peer, the moment it was made)
         for _, _, what, stage, i in sorted(events[rank], key=lambda event: event[:2]):
+            source = {"forward": stage - 1, "backward": stage + 1}.get(what, -1)  # where a computation's input is from
+            if 0 <= source < num_stages and rank_of(source) != rank:  # waited for: lets go of the older sends there
+                made = starts[source, what, i] + 1
+                for tensor, peer, when in sent:
+                    if peer == rank_of(source) and when <= made:
+                        drop(tensor, "transit")
             # a stage's input: the data, its own rank's previous chunk's output, or a received tensor
             given = ("data", i) if stage == 0 else ("out", stage - 1, i) if rank_of(stage - 1) == rank \
                 else ("in", stage, i)
@@ -153,6 +160,7 @@ def held_theory(n, m, blocks, head):
                     drop(tensor, "transit")
                 if stage > 0:
                     hold(("grad", stage, i), "transit")  # to the previous stage
+                    sent.append((("grad", stage, i), rank_of(stage - 1), starts[stage, "backward", i] + 1))
             elif what == "weight":
                 for tensor in holders:
                     drop(tensor, ("W", stage, i))

@@ -1,0 +1,121 @@
+"""The rules that keep the point-to-point helpers' promises. A reader of 01-03 can skip this file.
+
+common.post() calls each rule by name. What each guarantees, and the test that fails without it:
+
+release_on_arrival   a tensor from a peer proves the peer posted its receive of everything we sent it
+    up to the group that receives it (every rank posts its half of each exchange in the same order, as
+    NCCL needs): those sends are let go, their buffers freed.  test_memory.py::test_rule_is_needed
+release_at_once    --sync-sends, NCCL's rule: a send is done once received, so two neighbours that
+    both send first deadlock.             test_failures.py::test_sync_sends_catches_a_deadlock
+hold_back          --sync-sends, NCCL's stream order: a receive posted earlier holds back every later
+    group.                test_failures.py::test_sync_sends_catches_a_receive_posted_too_early
+wire_tag           --sync-sends: NCCL ignores tags, so every tag is 0 and receives match by order.
+                          test_interleaved.py::test_a_receive_never_gets_the_other_chunks_tensor
+keep_local, take_local   a link of a rank to itself (a world of one with chunks, the V's bottom
+    rank) stays in memory.                test_memory.py::test_rule_is_needed
+wait               a wait that fails is one sentence naming the rank waited for, raised within
+    --timeout.                            test_failures.py::test_stuck_rank_times_out
+"""
+
+import dataclasses
+
+import torch.distributed as dist
+
+import harness
+
+sync_sends = False  # --sync-sends: NCCL's rules on gloo
+num_chunks = 1  # model chunks per rank, named in a failed wait's sentence when more than one
+in_transit = {}  # Link -> Message: sends posted and not yet let go
+groups = 0  # groups posted so far
+unwaited = []  # receives (Messages) posted and not yet waited for
+local = {}  # tag -> tensor: sent from one of this rank's chunks to another
+
+
+@dataclasses.dataclass(eq=False)
+class Message:
+    """A tensor sent or received: its Link, its buffer, and the request to wait for once posted."""
+    link: object
+    tensor: object
+    is_send: bool
+    request: object = None
+    group: int = 0  # the count of groups posted before its own
+
+
+def posted(messages, requests):
+    """Note a group's sends (in transit until let go) and receives (to wait for)."""
+    global groups
+    for message, request in zip(messages, requests):
+        message.request, message.group = request, groups
+        if message.is_send:
+            in_transit[message.link] = message
+        else:
+            unwaited.append(message)
+    groups += 1
+
+
+def release_on_arrival(arrival):
+    """The peer sent this tensor after posting its receive of each tensor we sent it, up to the group that
+    receives this one: let go of those sends."""
+    for link in [link for link, message in in_transit.items()
+                 if link.peer == arrival.link.peer and message.group <= arrival.group]:
+        release(link)
+
+
+def release_at_once(links):
+    """--sync-sends: a send returns once its peer has received it."""
+    for link in links if sync_sends else ():
+        release(link)
+
+
+def hold_back():
+    """--sync-sends: NCCL runs a rank's sends and receives in the order posted, so a receive posted
+    earlier and not yet waited for holds back the group about to be posted."""
+    while sync_sends and unwaited:
+        arrive(unwaited[0])
+
+
+def wire_tag(link):
+    """--sync-sends: NCCL ignores tags and matches by order alone; a schedule posting in the wrong order
+    then fails the gradient check on gloo too."""
+    return 0 if sync_sends else link.tag
+
+
+def keep_local(link, tensor):
+    local[link.tag] = tensor  # the receiving chunk's Link has the same tag
+
+
+def take_local(link):
+    return local.pop(link.tag)
+
+
+def arrive(message):
+    """Wait for a posted receive, unless a later group has waited for it already."""
+    if message in unwaited:
+        unwaited.remove(message)
+        wait(message.request, message.link, "recv")
+
+
+def release(link):
+    """Wait until the peer has the tensor sent on this link, and let go of it, which frees its buffer."""
+    if link in in_transit:
+        wait(in_transit.pop(link).request, link, "send")
+
+
+def release_all():
+    """Every send still in transit: all must be received before the step ends."""
+    assert not local, f"received by no one: {sorted(local)}"
+    for link in list(in_transit):
+        release(link)
+
+
+def wait(request, link, verb):
+    what = f"{verb}_{'backward' if link.is_gradient else 'forward'}"
+    try:
+        with harness.record("wait", link.micro_batch, link.chunk):
+            request.wait()  # no timeout here: on NCCL a timed wait blocks the host; --timeout bounds it
+    except RuntimeError as error:
+        peer = link.peer
+        where = f"micro-batch {link.micro_batch}" + (f", chunk {link.chunk}" if num_chunks > 1 else "")
+        raise harness.PipelineError(f"rank {dist.get_rank()} gave up in {what} ({where}) waiting for rank {peer} "
+                                    f"({str(error).splitlines()[0]}); rank {peer} may be stuck, dead or itself "
+                                    f"waiting, or just slower than --timeout") from None
