@@ -22,10 +22,10 @@ from common import (
     post,
     release,
     setup,
-    timetable,
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step, track
+from replay import timetable
 
 args = parse_args(__doc__, micro_batches=True, v_shape=True)
 rank, num_ranks, device = setup(args, placement="v")
@@ -121,7 +121,7 @@ def train_step(inputs, labels):
     # A tensor is sent and received in one group, by both ranks, the moment it is made when every computation
     # takes one unit: all ranks post in the same order of time, so under NCCL's rules none waits for a later group.
     result, waiting = None, {}  # the last computation's result; Recv -> the group it was posted in
-    for moment in timetable([get_schedule(other) for other in range(num_ranks)], shapes):
+    for moment in timetable([get_schedule(other) for other in range(num_ranks)], rank, shapes):
         pending = post(*[Send(i, result, kind == "backward", chunk) for kind, chunk, i in moment.sends], *moment.recvs)
         waiting.update(dict.fromkeys(moment.recvs, pending))
         kind, chunk, i = moment.computation or (None, None, None)

@@ -6,11 +6,11 @@ numbered scripts. The rules that keep the helpers' promises live in guarantees.p
 checking and reporting in harness/. A reader can skip both.
 """
 
+import collections
 import datetime
 import math
 import os
 import zlib
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -22,10 +22,11 @@ import harness
 
 NUM_CLASSES = 10
 
-_rank, _num_ranks, _device, _dtype = 0, 1, torch.device("cpu"), torch.float32
-_placement = "loop"  # where a rank's chunks sit: chunk c of rank r is stage c n + r ("loop"), or r and 2n - 1 - r ("v")
-_mesh = None  # 07: the world as pipelines side by side, named axes "dp" (which pipeline) and "pp" (which stage)
-_group = None  # the group the helpers send and receive in: this rank's pipeline (07), else the world
+# _placement: where a rank's chunks sit, chunk c of rank r being stage c n + r ("loop"), or r and 2n - 1 - r ("v")
+_rank, _num_ranks, _device, _dtype, _placement = 0, 1, torch.device("cpu"), torch.float32, "loop"
+# 07: the world as pipelines side by side, named axes "dp" (which pipeline) and "pp" (which stage); the group
+# the helpers send and receive in, this rank's pipeline (else the world)
+_mesh, _group = None, None
 
 
 def setup(args, placement="loop", data_parallel=False):
@@ -37,7 +38,7 @@ def setup(args, placement="loop", data_parallel=False):
     device_mesh() names the two axes."""
     global _rank, _num_ranks, _device, _dtype, _placement, _mesh, _group
     harness.before_setup(args)  # cores and threads
-    timeout = datetime.timedelta(seconds=args.timeout)  # bounds every wait, on every backend
+    timeout, _dtype = datetime.timedelta(seconds=args.timeout), getattr(torch, args.dtype)  # timeout: every wait
     if "RANK" not in os.environ:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     elif torch.cuda.is_available():
@@ -46,7 +47,7 @@ def setup(args, placement="loop", data_parallel=False):
         dist.init_process_group("nccl", timeout=timeout, device_id=_device)
     else:
         dist.init_process_group("gloo", timeout=timeout)
-    _rank, _num_ranks, _dtype = dist.get_rank(), dist.get_world_size(), getattr(torch, args.dtype)
+    _rank, _num_ranks, _placement = dist.get_rank(), dist.get_world_size(), placement
     guarantees.sync_sends, guarantees.num_chunks = args.sync_sends, args.virtual_stages
     harness.after_setup(args, _device)  # the same flags on every rank, one clock, errors as sentences
     if data_parallel:
@@ -58,7 +59,6 @@ def setup(args, placement="loop", data_parallel=False):
         _mesh = init_device_mesh(_device.type, (args.data_parallel, _num_ranks // args.data_parallel),
                                  mesh_dim_names=("dp", "pp"), backend_override={"dp": options, "pp": options})
         _group, _rank, _num_ranks = _mesh.get_group("pp"), _mesh.get_local_rank("pp"), _mesh.size(1)
-    _placement = placement
     return _rank, _num_ranks, _device
 
 
@@ -80,12 +80,8 @@ def partition(num_layers, num_stages):
     """Contiguous, balanced stages: [(first, last), ...]; the leftover layers go to the first
     stages, since the last one also holds the head."""
     base, leftover = divmod(num_layers, num_stages)
-    bounds, first = [], 0
-    for stage in range(num_stages):
-        last = first + base + (stage < leftover)
-        bounds.append((first, last))
-        first = last
-    return bounds
+    firsts = [stage * base + min(stage, leftover) for stage in range(num_stages + 1)]
+    return list(zip(firsts, firsts[1:]))
 
 
 class Stage(nn.Module):
@@ -150,27 +146,9 @@ def get_batch(args, step, device):
 # it, and wait_for_sends() lets go of the rest before the step ends (guarantees.py).
 
 
-class Send(NamedTuple):
-    micro_batch: int
-    tensor: torch.Tensor
-    is_gradient: bool  # a gradient goes to the previous stage, an activation to the next
-    chunk: int = 0
-
-
-class Recv(NamedTuple):
-    micro_batch: int
-    shape: torch.Size
-    is_gradient: bool  # a gradient comes from the next stage, an activation from the previous
-    chunk: int = 0
-
-
-class Link(NamedTuple):
-    """Where one tensor travels: the peer (a rank of the world), the tag that names it on the wire."""
-    peer: int
-    tag: int
-    micro_batch: int
-    chunk: int
-    is_gradient: bool
+# is_gradient: a gradient goes to the previous stage and comes from the next, an activation the other way.
+Send = collections.namedtuple("Send", "micro_batch tensor is_gradient chunk", defaults=[0])
+Recv = collections.namedtuple("Recv", "micro_batch shape is_gradient chunk", defaults=[0])
 
 
 def recv_forward(micro_batch, shape, chunk=0):
@@ -208,31 +186,25 @@ def post(*operations):
     NCCL runs two ranks' sends and receives in order on one stream: those that must overlap go together."""
     guarantees.hold_back()
     messages, arrivals = [], {}  # to and from other ranks; Recv -> its Message, None where the pipeline ends
-    for operation in sorted(operations, key=lambda operation: isinstance(operation, Recv)):  # sends first
-        is_send = isinstance(operation, Send)
-        link = _link(operation, sending=is_send)
+    for op in sorted(operations, key=lambda op: isinstance(op, Recv)):  # sends first
+        is_send = isinstance(op, Send)
+        link = _link(op, sending=is_send)
         if link is None:
-            arrivals.update({} if is_send else {operation: None})
-        elif link.peer == dist.get_rank() and is_send:  # a link to itself: the tensor stays on this rank
-            guarantees.keep_local(link, harness.track(operation.tensor.detach()))
-        elif link.peer == dist.get_rank():
-            arrivals[operation] = guarantees.Message(link, guarantees.take_local(link), is_send)
+            arrivals.update({} if is_send else {op: None})
+        elif link.peer == dist.get_rank():  # a link to itself: the tensor stays on this rank
+            message = guarantees.stay_local(link, harness.track(op.tensor.detach()) if is_send else None)
+            arrivals.update({} if is_send else {op: message})
         else:
-            tensor = operation.tensor.detach() if is_send else torch.empty(operation.shape, dtype=_dtype,
-                                                                             device=_device)
+            tensor = op.tensor.detach() if is_send else torch.empty(op.shape, dtype=_dtype, device=_device)
             messages.append(guarantees.Message(link, harness.track(tensor), is_send))
-            arrivals.update({} if is_send else {operation: messages[-1]})
-    harness.posted([(m.link.peer, m.link.tag) for m in messages if m.is_send],
-                   [(m.link.peer, m.link.tag) for m in messages if not m.is_send])
+            arrivals.update({} if is_send else {op: messages[-1]})
     operations = [dist.P2POp(dist.isend if message.is_send else dist.irecv, message.tensor, message.link.peer,
                              group=_group, tag=guarantees.wire_tag(message.link)) for message in messages]
     guarantees.posted(messages, dist.batch_isend_irecv(operations) if operations else [])
-    guarantees.release_at_once([message.link for message in messages if message.is_send])
     return Pending(arrivals)
 
 
-class Pending:
-    """A posted group's receives, each waited for when its tensor is needed."""
+class Pending:  # a posted group's receives, each waited for when its tensor is needed
 
     def __init__(self, arrivals):
         self.arrivals = arrivals  # Recv -> its Message, None where the pipeline ends
@@ -243,13 +215,9 @@ class Pending:
 
     def received(self, recv):
         """Wait for one of the group's Recvs and return its tensor: from here on only the caller holds it."""
-        arrival = self.arrivals.pop(recv)
-        if arrival is None:
-            return None
-        guarantees.arrive(arrival)
-        guarantees.release_on_arrival(arrival)
+        tensor = guarantees.arrive(self.arrivals.pop(recv))
         # a received activation is a leaf: backward leaves the gradient to send back in its .grad
-        return arrival.tensor if arrival.link.is_gradient else arrival.tensor.requires_grad_()
+        return tensor if tensor is None or recv.is_gradient else tensor.requires_grad_()
 
 
 def release(*sends):
@@ -264,92 +232,20 @@ def wait_for_sends():
     guarantees.release_all()
 
 
-def tag(micro_batch, boundary, is_gradient):
-    """A tensor's name on the wire: its micro-batch, the boundary it crosses (between stages b and
-    b + 1) and its direction. gloo matches a receive to a send by peer and tag, so a receive gets only
-    the tensor it was posted for, even when one peer sends both kinds (interleaving on two ranks)."""
-    return (micro_batch * _num_ranks * guarantees.num_chunks + boundary) * 2 + is_gradient
-
-
-def _link(operation, sending):
-    """The Link of one of this rank's Sends or Recvs, or None where the pipeline ends."""
-    stage, last = stage_of(_rank, operation.chunk), _num_ranks * guarantees.num_chunks - 1
-    toward_next = sending != operation.is_gradient
-    boundary = stage if toward_next else stage - 1
-    if not 0 <= boundary < last:
-        return None
-    neighbour = stage + 1 if toward_next else stage - 1
-    # the V: stages s and 2n - 1 - s sit on one rank, so the bottom rank's chunks are neighbours (a link to itself)
-    peer = neighbour % _num_ranks if _placement == "loop" else min(neighbour, last - neighbour)
-    return Link(peer if _group is None else dist.get_global_rank(_group, peer),
-                tag(operation.micro_batch, boundary, operation.is_gradient), operation.micro_batch,
-                operation.chunk, operation.is_gradient)
-
-
-# ----------------------------------------------------------------------------- schedule replay
-
-
-def replay(schedules, stage_of, num_stages, duration=lambda kind: 1.0):
-    """When each computation starts if every rank runs its schedule of (kind, chunk, micro_batch) in
-    order, a computation takes duration(kind), and messages take no time: a forward waits for the
-    previous stage's, a backward for the next stage's (the last stage's for its own forward), a weight
-    gradient for its B. stage_of(rank, chunk) places the chunks. Returns {(stage, kind, micro_batch): start}."""
-    ends, starts, clock, position = {}, {}, [0.0] * len(schedules), [0] * len(schedules)
-    progress = True
-    while progress:
-        progress = False
-        for rank, schedule in enumerate(schedules):
-            while position[rank] < len(schedule):
-                kind, chunk, micro_batch = schedule[position[rank]]
-                stage = stage_of(rank, chunk)
-                needed_kind, needed_stage = {"forward": ("forward", stage - 1),
-                                             "backward": ("backward", stage + 1) if stage < num_stages - 1
-                                             else ("forward", stage),
-                                             "weight": ("backward", stage)}[kind]
-                needed = needed_kind, micro_batch, needed_stage
-                if needed_stage >= 0 and needed not in ends:
-                    break  # its input is not ready yet: another rank first
-                start = max(clock[rank], ends.get(needed, 0.0))
-                starts[stage, kind, micro_batch] = start
-                clock[rank] = ends[kind, micro_batch, stage] = start + duration(kind)
-                position[rank] += 1
-                progress = True
-    return starts
-
-
-class Moment(NamedTuple):
-    """What a rank does at one moment of a replayed schedule, in this order."""
-    sends: list  # (kind, chunk, micro_batch) of its computation that ends now, if its result goes to another stage
-    recvs: list  # Recvs of the tensors made now for it
-    computation: tuple  # (kind, chunk, micro_batch) that it starts now, or None
-    releases: list  # Sends (without their tensor) of its own that their receiver uses now
-
-
 def stage_of(rank, chunk):
     """The stage that chunk `chunk` of rank `rank` of this pipeline holds, as setup's placement puts it."""
     return chunk * _num_ranks + rank if _placement == "loop" else (rank, 2 * _num_ranks - 1 - rank)[chunk]
 
 
-def timetable(schedules, shapes):
-    """This rank's moments, in time order, when every computation takes one unit (replay): each tensor
-    is sent and received the moment it is made, and let go of by its sender when its receiver uses it.
-    schedules: every rank's (kind, chunk, micro_batch) in order; shapes: each micro-batch's."""
-    num_stages, rank = _num_ranks * guarantees.num_chunks, _rank
-    starts = replay(schedules, stage_of, num_stages)
-    moments = {}
-    moment = lambda time: moments.setdefault(time, Moment([], [], None, []))  # noqa: E731
-    for other, schedule in enumerate(schedules):
-        for kind, chunk, i in schedule:
-            stage = stage_of(other, chunk)
-            if other == rank:
-                moments[starts[stage, kind, i]] = moment(starts[stage, kind, i])._replace(computation=(kind, chunk, i))
-            target = {"forward": stage + 1, "backward": stage - 1}.get(kind, -1)  # the stage that uses its result
-            if not 0 <= target < num_stages:
-                continue
-            is_gradient, made, used = kind == "backward", starts[stage, kind, i] + 1, starts[target, kind, i]
-            if other == rank:
-                moment(made).sends.append((kind, chunk, i))
-                moment(used).releases.append(Send(i, None, is_gradient, chunk))
-            if stage_of(rank, target_chunk := int(target >= _num_ranks)) == target:  # a stage of this rank's
-                moment(made).recvs.append(Recv(i, shapes[i], is_gradient, target_chunk))
-    return [moments[time] for time in sorted(moments)]
+def _link(operation, sending):
+    """The Link of one of this rank's Sends or Recvs, or None where the pipeline ends."""
+    stage, last = stage_of(_rank, operation.chunk), _num_ranks * guarantees.num_chunks - 1
+    boundary = stage if sending != operation.is_gradient else stage - 1  # toward the next stage, or the previous
+    if not 0 <= boundary < last:
+        return None
+    neighbour = boundary + 1 if boundary == stage else boundary  # the stage across the boundary
+    # the V: stages s and 2n - 1 - s sit on one rank, so the bottom rank's chunks are neighbours (a link to itself)
+    peer = neighbour % _num_ranks if _placement == "loop" else min(neighbour, last - neighbour)
+    peer = peer if _group is None else dist.get_global_rank(_group, peer)
+    tag = guarantees.tag(operation.micro_batch, boundary, operation.is_gradient, last + 1)
+    return guarantees.Link(peer, tag, operation.micro_batch, operation.chunk, operation.is_gradient)

@@ -33,10 +33,62 @@ CASES = [
 ]
 
 
+def case_ids(cases, *letters):
+    """Test ids such as 03_1f1b.py-n4-m7-sync (letters "", "n", "m"): each field but the last behind its
+    letter, then the flags, so that `pytest -k n4` picks every script's cases at one world size."""
+    return ["-".join(f"{letter}{field}" for letter, field in zip(letters, case[:-1]))
+            + "".join(f"-{flag.strip('-')}" for flag in case[-1]) for case in cases]
 
-def case_id(script, world, micro_batches, flags):
-    """03_1f1b.py-n4-m7-sync: so that `pytest -k n4` picks every script's cases at one world size."""
-    return f"{script}-n{world}-m{micro_batches}" + "".join(f"-{flag.strip('-')}" for flag in flags)
+
+def size(layers):
+    """SIZE with another layer count."""
+    return ("--layers", str(layers)) + SIZE[2:]
+
+
+EXACT = 1e-10  # float64: max|g - g_ref| <= EXACT * max|g_ref|, per tensor
+
+
+def assert_close(tensors, reference, tolerance, what):
+    assert sorted(tensors) == sorted(reference), f"{what}: parameter names differ"
+    for name, ref in reference.items():
+        error = (tensors[name] - ref).abs().max().item()
+        assert error <= tolerance * ref.abs().max().item(), f"{what}: {name} is off by {error:.3g}"
+
+
+def assert_matches(run, baseline):
+    """The baseline's gradients after the first backward, parameters after the last step, and every
+    step's loss, in the same session."""
+    assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
+    assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
+    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
+    assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
+
+
+def run_quietly(command, timeout=60):
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=HERE, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def assert_one_sentence(result, *words):
+    """Our processes say one `error:` line and no traceback (torchrun may add its own report after it)."""
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+    assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
+
+
+def two_nodes(script, flags_node0, flags_node1, timeout=120):
+    """Two torchrun invocations of two ranks each, as on two machines, meeting on 127.0.0.1."""
+    port = free_port()
+    nodes = [subprocess.Popen(torchrun(2, script, *flags, nnodes_flags=[
+        "--nnodes=2", f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}"]),
+        cwd=HERE, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node, flags in enumerate((flags_node0, flags_node1))]
+    outputs = [node.communicate(timeout=timeout) for node in nodes]
+    return [(node.returncode, *output) for node, output in zip(nodes, outputs)]
 
 
 # PYTHONPATH: a script variant written elsewhere (a test's mutation) still imports common and harness from here.
@@ -192,6 +244,12 @@ def launch(tmp_path, script, nproc, *flags, timeout=120):
     return Run(stdout, stderr, summaries[0], grads, params, rank_params, grad_files, trace)
 
 
+@pytest.fixture
+def baseline(runs):
+    """The baseline (00) at SIZE, in the same session: nothing is compared against stored numbers."""
+    return runs("00_baseline.py", 0, *SIZE)
+
+
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory):
     """Memoized launches: each configuration runs once per session, whichever tests ask for it."""
@@ -212,13 +270,63 @@ def pipelined(runs, script, world, micro_batches, *extra, size=SIZE):
     return runs(script, world, *flags, *extra)
 
 
-def variant(tmp_path, script, replace=(), prepend=""):
-    """A copy of `script` in tmp_path with some lines changed (a mutation that a test shows is
-    caught) and `prepend` run before it; it imports common and harness from here (PYTHONPATH)."""
+def variant(tmp_path, script, prepend):
+    """A copy of `script` in tmp_path that runs `prepend` first (right after its docstring, which its --help
+    uses): a rule or a helper replaced through its name, a mutation that a test shows is caught. It imports
+    common and harness from here (PYTHONPATH)."""
     text = open(os.path.join(HERE, script)).read()
-    for old, new in replace:
-        assert old in text, old
-        text = text.replace(old, new)
+    docstring = text.index('"""', 3) + 4
     path = tmp_path / f"variant{len(list(tmp_path.glob('variant*')))}_{script}"  # a name of its own: outputs go by name
-    path.write_text(prepend + text)
+    path.write_text(text[:docstring] + prepend + text[docstring:])
     return str(path)
+
+
+# 1F1B's steady state with each pair split into a send, then a receive: the helpers replaced by name.
+SPLIT_PAIRS = """import common
+
+
+def send_forward_recv_backward(micro_batch, output_tensor, recv_micro_batch, shape):
+    common.send_forward(micro_batch, output_tensor)
+    return common.recv_backward(recv_micro_batch, shape)
+
+
+def send_backward_recv_forward(micro_batch, grad_input, recv_micro_batch, shape):
+    common.send_backward(micro_batch, grad_input)
+    return common.recv_forward(recv_micro_batch, shape)
+
+
+common.send_forward_recv_backward = send_forward_recv_backward
+common.send_backward_recv_forward = send_backward_recv_forward
+"""
+
+
+def deadlocks_under_sync_sends(tmp_path, script, prepend, flags):
+    """Runs with gloo's own rules (launch checks it exits 0); under --sync-sends, gives up within --timeout
+    with one sentence a rank (both neighbours wait, so both may give up before torchrun stops them)."""
+    script = variant(tmp_path, script, prepend=prepend)
+    launch(tmp_path, script, 2, *flags)
+    result, seconds = run_quietly(torchrun(2, script, *flags, *SYNC, "--timeout", "3"))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and 1 <= len(errors) <= 2, result.stderr
+    assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
+    assert seconds < 30
+    return errors
+
+
+# Naive's gradient receive posted before the send of the activation it comes from, which gloo allows.
+EARLY_RECEIVE = """import common
+
+_send_forward, _recv_backward, early = common.send_forward, common.recv_backward, []
+
+
+def send_forward(micro_batch, output_tensor, chunk=0):
+    early.append(common.post(common.Recv(micro_batch, output_tensor.shape, True)))
+    _send_forward(micro_batch, output_tensor, chunk)
+
+
+def recv_backward(micro_batch, shape, chunk=0):
+    return early.pop().wait()[0] if early else _recv_backward(micro_batch, shape, chunk)
+
+
+common.send_forward, common.recv_backward = send_forward, recv_backward
+"""

@@ -1,23 +1,25 @@
 """The rules that keep the point-to-point helpers' promises. A reader of 01-03 can skip this file.
 
-common.post() calls each rule by name. What each guarantees, and the test that fails without it:
+common.post() calls each rule by name. What each guarantees, and where the suite checks it (each rule,
+replaced through its name, makes its check fail: test_guarantees.py):
 
-release_on_arrival   a tensor from a peer proves the peer posted its receive of everything we sent it
-    up to the group that receives it (every rank posts its half of each exchange in the same order, as
-    NCCL needs): those sends are let go, their buffers freed.  test_memory.py::test_rule_is_needed
-release_at_once    --sync-sends, NCCL's rule: a send is done once received, so two neighbours that
-    both send first deadlock.             test_failures.py::test_sync_sends_catches_a_deadlock
-hold_back          --sync-sends, NCCL's stream order: a receive posted earlier holds back every later
-    group.                test_failures.py::test_sync_sends_catches_a_receive_posted_too_early
-wire_tag           --sync-sends: NCCL ignores tags, so every tag is 0 and receives match by order.
-                          test_interleaved.py::test_a_receive_never_gets_the_other_chunks_tensor
-keep_local, take_local   a link of a rank to itself (a world of one with chunks, the V's bottom
-    rank) stays in memory.                test_memory.py::test_rule_is_needed
-wait               a wait that fails is one sentence naming the rank waited for, raised within
-    --timeout.                            test_failures.py::test_stuck_rank_times_out
+release_on_arrival  a tensor from a peer proves the peer posted its receive of everything we sent it up
+    to the group that receives it (every rank posts its half of each exchange in the same order, as NCCL
+    needs): those sends are let go, their buffers freed.  test_measurements.py::test_memory_follows_inflight
+hold_back  --sync-sends, NCCL's stream order: a rank's groups run one after another and a send is done
+    once received, so a send or a receive posted earlier and not yet done holds back the next group.
+    test_failures.py::test_sync_sends_catches_a_deadlock (two neighbours that both send first) and
+    ::test_sync_sends_catches_a_receive_posted_too_early
+wire_tag  --sync-sends: NCCL ignores tags, so every tag is 0 and receives match by order, as there.
+                                                                  test_guarantees.py::test_wire_tag
+stay_local  a link of a rank to itself (a world of one with chunks, the V's bottom rank) stays in
+    memory: gloo cannot send to itself.                     test_zbv.py::test_matches_baseline
+wait  a wait that fails is one sentence naming the rank waited for, within --timeout.
+                                                     test_failures.py::test_stuck_rank_times_out
 """
 
 import dataclasses
+from typing import NamedTuple
 
 import torch.distributed as dist
 
@@ -31,6 +33,22 @@ unwaited = []  # receives (Messages) posted and not yet waited for
 local = {}  # tag -> tensor: sent from one of this rank's chunks to another
 
 
+class Link(NamedTuple):
+    """Where one tensor travels: the peer (a rank of the world), the tag that names it on the wire."""
+    peer: int
+    tag: int
+    micro_batch: int
+    chunk: int  # this rank's model chunk that sends or receives it
+    is_gradient: bool
+
+
+def tag(micro_batch, boundary, is_gradient, num_stages):
+    """A tensor's name on the wire: its micro-batch, the boundary it crosses (between stages b and b + 1)
+    and its direction. gloo matches a receive to a send by peer and tag, so a receive gets only the tensor
+    it was posted for, even when one peer sends both kinds (interleaving on two ranks)."""
+    return (micro_batch * num_stages + boundary) * 2 + is_gradient
+
+
 @dataclasses.dataclass(eq=False)
 class Message:
     """A tensor sent or received: its Link, its buffer, and the request to wait for once posted."""
@@ -42,8 +60,9 @@ class Message:
 
 
 def posted(messages, requests):
-    """Note a group's sends (in transit until let go) and receives (to wait for)."""
+    """Note a group's sends (in transit until let go) and receives (to wait for), and tell the harness."""
     global groups
+    harness.posted(messages)
     for message, request in zip(messages, requests):
         message.request, message.group = request, groups
         if message.is_send:
@@ -61,17 +80,14 @@ def release_on_arrival(arrival):
         release(link)
 
 
-def release_at_once(links):
-    """--sync-sends: a send returns once its peer has received it."""
-    for link in links if sync_sends else ():
-        release(link)
-
-
 def hold_back():
-    """--sync-sends: NCCL runs a rank's sends and receives in the order posted, so a receive posted
-    earlier and not yet waited for holds back the group about to be posted."""
+    """--sync-sends: NCCL runs a rank's groups one after another, each done once its sends are received
+    and its receives have arrived: what was posted earlier holds back the group about to be posted."""
     while sync_sends and unwaited:
-        arrive(unwaited[0])
+        message = unwaited.pop(0)
+        wait(message.request, message.link, "recv")
+    while sync_sends and in_transit:
+        release(next(iter(in_transit)))
 
 
 def wire_tag(link):
@@ -80,19 +96,25 @@ def wire_tag(link):
     return 0 if sync_sends else link.tag
 
 
-def keep_local(link, tensor):
-    local[link.tag] = tensor  # the receiving chunk's Link has the same tag
-
-
-def take_local(link):
-    return local.pop(link.tag)
+def stay_local(link, tensor=None):
+    """A tensor sent from one of this rank's chunks to another stays here: kept, when sent (tensor), and
+    taken, as a received Message, by the receive (the receiving chunk's Link has the same tag)."""
+    if tensor is not None:
+        local[link.tag] = tensor
+        return None
+    return Message(link, local.pop(link.tag), is_send=False)
 
 
 def arrive(message):
-    """Wait for a posted receive, unless a later group has waited for it already."""
-    if message in unwaited:
+    """A posted receive's tensor (None where the pipeline ends), once here; the sends it proves received
+    are let go of."""
+    if message is None:
+        return None
+    if message in unwaited:  # unless a later group has waited for it already (hold_back)
         unwaited.remove(message)
         wait(message.request, message.link, "recv")
+    release_on_arrival(message)
+    return message.tensor
 
 
 def release(link):

@@ -6,31 +6,10 @@ The baseline (00) runs in the same session; nothing is compared against stored n
 import pytest
 import torch
 
-from conftest import CASES, SIZE, case_id, pipelined
-
-EXACT = 1e-10  # float64: max|g - g_ref| <= EXACT * max|g_ref|, per tensor
-def assert_close(tensors, reference, tolerance, what):
-    assert sorted(tensors) == sorted(reference), f"{what}: parameter names differ"
-    for name, ref in reference.items():
-        error = (tensors[name] - ref).abs().max().item()
-        assert error <= tolerance * ref.abs().max().item(), f"{what}: {name} is off by {error:.3g}"
+from conftest import CASES, EXACT, SIZE, assert_close, assert_matches, case_ids, pipelined
 
 
-def assert_matches(run, baseline):
-    """The baseline's gradients after the first backward, parameters after the last step, and every
-    step's loss, in the same session."""
-    assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
-    assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
-    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
-    assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
-
-
-@pytest.fixture(scope="module")
-def baseline(runs):
-    return runs("00_baseline.py", 0, *SIZE)
-
-
-@pytest.mark.parametrize("script,world,micro_batches,flags", CASES, ids=[case_id(*case) for case in CASES])
+@pytest.mark.parametrize("script,world,micro_batches,flags", CASES, ids=case_ids(CASES, "", "n", "m"))
 def test_matches_baseline(runs, baseline, script, world, micro_batches, flags):
     run = pipelined(runs, script, world, micro_batches, *flags)
     assert_matches(run, baseline)

@@ -12,23 +12,20 @@ import time
 
 import pytest
 
-from conftest import ENV, HERE, SIZE, SYNC, free_port, launch, pipelined, torchrun, variant
-
-
-def run_quietly(command, timeout=60):
-    started = time.monotonic()
-    result = subprocess.run(command, cwd=HERE, env=ENV, capture_output=True, text=True, timeout=timeout)
-    return result, time.monotonic() - started
-
-
-def assert_one_sentence(result, *words):
-    """Our processes say one `error:` line and no traceback (torchrun may add its own report after it)."""
-    assert result.returncode != 0
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.stderr
-    for word in words:
-        assert word in errors[0], errors[0]
-    assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
+from conftest import (
+    EARLY_RECEIVE,
+    ENV,
+    HERE,
+    SIZE,
+    SPLIT_PAIRS,
+    SYNC,
+    assert_one_sentence,
+    deadlocks_under_sync_sends,
+    pipelined,
+    run_quietly,
+    torchrun,
+    two_nodes,
+)
 
 
 @pytest.mark.parametrize("flags,words", [
@@ -63,17 +60,6 @@ def test_more_ranks_than_layers():
 def test_baseline_refuses_torchrun():
     result, _ = run_quietly(torchrun(2, "00_baseline.py"))
     assert_one_sentence(result, "python")
-
-
-def two_nodes(script, flags_node0, flags_node1, timeout=120):
-    """Two torchrun invocations of two ranks each, as on two machines, meeting on 127.0.0.1."""
-    port = free_port()
-    nodes = [subprocess.Popen(torchrun(2, script, *flags, nnodes_flags=[
-        "--nnodes=2", f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}"]),
-        cwd=HERE, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for node, flags in enumerate((flags_node0, flags_node1))]
-    outputs = [node.communicate(timeout=timeout) for node in nodes]
-    return [(node.returncode, *output) for node, output in zip(nodes, outputs)]
 
 
 def test_two_nodes_train_like_one(runs, tmp_path):
@@ -167,51 +153,16 @@ def test_without_torchrun_says_how_to_start_ranks(runs):
     assert "torchrun --nproc_per_node=4 03_1f1b.py" in run.stderr
 
 
-# 1F1B's steady state with each pair split into a send, then a receive.
-SPLIT_PAIRS = [
-    ("grad_output = send_forward_recv_backward(j, output_tensor, i, shapes[i])",
-     "send_forward(j, output_tensor)\n        grad_output = recv_backward(i, shapes[i])"),
-    ("input_tensor = send_backward_recv_forward(i, grad_input, j + 1, shapes[j + 1])",
-     "send_backward(i, grad_input)\n            input_tensor = recv_forward(j + 1, shapes[j + 1])"),
-]
-
-
 def test_sync_sends_catches_a_deadlock(tmp_path):
     """Under NCCL's rules two neighbours that both send first wait for each other forever:
     --sync-sends must turn that into the timeout sentence, where gloo's own rules let it pass."""
-    script = variant(tmp_path, "03_1f1b.py", SPLIT_PAIRS)
-    flags = SIZE + ("--micro-batches", "4")
-    launch(tmp_path, script, 2, *flags)  # sends that return at once: it runs (and launch checks it exits 0)
-    result, seconds = run_quietly(torchrun(2, script, *flags, *SYNC, "--timeout", "3"))
-    # both neighbours wait, so both may give up before torchrun stops them: a sentence each, no traceback
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert result.returncode != 0 and 1 <= len(errors) <= 2, result.stderr
+    errors = deadlocks_under_sync_sends(tmp_path, "03_1f1b.py", SPLIT_PAIRS, SIZE + ("--micro-batches", "4"))
     assert "gave up in send_" in errors[0] and "waiting for rank" in errors[0], errors
-    assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
-    assert seconds < 30
-
-
-# Naive's gradient receive posted before the send of the activation it comes from: the send runs while
-# the receive is pending (in its meanwhile), which gloo allows.
-EARLY_RECEIVE = [
-    ("from common import (\n", "from common import (\n    communicate,\n"),
-    ("""    send_forward(0, forward(0, input_tensor))  # nothing to send from the last stage
-    grad_output = recv_backward(0, shapes[0])  # None on the last stage""",
-     """    output_tensor = forward(0, input_tensor)
-    grad_output = communicate("recv_backward", recv_backward=(0, 0, shapes[0]),
-                              meanwhile=lambda: send_forward(0, output_tensor))[1]"""),
-]
 
 
 def test_sync_sends_catches_a_receive_posted_too_early(tmp_path):
     """On NCCL a rank's sends and receives run in the order posted, so a receive posted ahead holds back
     every later send until its tensor arrives: here the activation that the gradient needs, forever.
     gloo lets the send overtake; --sync-sends must not."""
-    script = variant(tmp_path, "01_naive.py", EARLY_RECEIVE)
-    launch(tmp_path, script, 2, *SIZE)  # the send overtakes the pending receive: it runs
-    result, seconds = run_quietly(torchrun(2, script, *SIZE, *SYNC, "--timeout", "3"))
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert result.returncode != 0 and 1 <= len(errors) <= 2, result.stderr
+    errors = deadlocks_under_sync_sends(tmp_path, "01_naive.py", EARLY_RECEIVE, SIZE)
     assert any("gave up in recv_backward" in error and "waiting for rank 1" in error for error in errors), errors
-    assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
-    assert seconds < 30

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import CASES, ENV, HERE, MEMORY, SIZE, case_id, pipelined, torchrun
+from conftest import CASES, ENV, HERE, MEMORY, SIZE, case_ids, pipelined, torchrun
 
 ROW_BYTES = 24 * 8  # one sample's activation: hidden 24, float64
 
@@ -17,7 +17,7 @@ INFLIGHT = {
 }
 
 
-@pytest.mark.parametrize("script,world,micro_batches,flags", CASES, ids=[case_id(*case) for case in CASES])
+@pytest.mark.parametrize("script,world,micro_batches,flags", CASES, ids=case_ids(CASES, "", "n", "m"))
 def test_inflight_is_the_theory(runs, script, world, micro_batches, flags):
     summary = pipelined(runs, script, world, micro_batches, *flags).summary
     theory = [INFLIGHT[script](world, micro_batches, rank) for rank in range(world)]
@@ -80,12 +80,12 @@ import os, sys, time
 sys.path.insert(0, {here!r})
 import common, harness
 if os.environ["RANK"] == "1":
-    harness._machine_id = lambda: "another machine"
+    harness.startup._machine_id = lambda: "another machine"
     perf_counter = time.perf_counter
     time.perf_counter = lambda: perf_counter() + 1000.0
 common.setup(harness.parse_args("clocks"))
 with open(os.path.join({out!r}, "offset" + os.environ["RANK"]), "w") as file:
-    file.write(repr(harness._clock_offset))
+    file.write(repr(harness.meters.recorder.offset))
 harness.finish()
 """
 

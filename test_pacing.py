@@ -5,15 +5,10 @@ before their receive must be the one counted by hand."""
 
 import pytest
 
-from conftest import SIZE, SYNC, pipelined, variant
-from test_equivalence import EXACT, assert_close
+from conftest import EXACT, SYNC, assert_close, case_ids, pipelined, size, variant
 
 PACE = ("--pace", "50")
 TOLERANCE = 0.03
-
-
-def size(layers):
-    return ("--layers", str(layers)) + SIZE[2:]
 
 
 def slots(orders):
@@ -86,13 +81,8 @@ def paced(runs, script, world, micro_batches, virtual_stages, layers, flags, pat
     return pipelined(runs, path or script, world, micro_batches, *chunks, *PACE, *flags, size=size(layers))
 
 
-def case_id(script, world, micro_batches, virtual_stages, layers, flags):
-    return (f"{script[:2]}-n{world}-m{micro_batches}" + (f"-v{virtual_stages}" if virtual_stages > 1 else "")
-            + "".join(f"-{flag.strip('-')}" for flag in flags))
-
-
 @pytest.mark.parametrize("script,world,micro_batches,virtual_stages,layers,flags", CASES,
-                         ids=[case_id(*case) for case in CASES])
+                         ids=case_ids(CASES, "", "n", "m", "v", "L"))
 def test_paced_bubble_is_the_theory(runs, script, world, micro_batches, virtual_stages, layers, flags):
     run = paced(runs, script, world, micro_batches, virtual_stages, layers, flags)
     expected = theory(script, world, micro_batches, virtual_stages)
@@ -105,16 +95,27 @@ def test_paced_bubble_is_the_theory(runs, script, world, micro_batches, virtual_
     assert_close(run.grads, runs("00_baseline.py", 0, *size(layers)).grads, EXACT, "paced gradients")
 
 
-# 05 running each W after the pair it should overlap has arrived: W no longer fills the wait.
-W_AFTER_THE_PAIR = [(
-    """            input_tensor = send_backward_recv_forward(i, grad_input, j + 1, shapes[j + 1],
-                                                      meanwhile=lambda: weights(keep=num_deferred_weights))""",
-    """            input_tensor = send_backward_recv_forward(i, grad_input, j + 1, shapes[j + 1])
-            weights(keep=num_deferred_weights)""")]
+# 05 running each W after the pair it should overlap has arrived (every group waited for as soon as it is
+# posted): W no longer fills the wait.
+W_AFTER_THE_PAIR = """import common
+
+_post = common.post
+
+
+class Arrived:
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+    def wait(self):
+        return self.tensors
+
+
+common.post = lambda *operations: Arrived(_post(*operations).wait())
+"""
 
 
 def test_waiting_where_it_need_not_misses_the_theory(runs, tmp_path):
-    slow = variant(tmp_path, "05_zero_bubble.py", W_AFTER_THE_PAIR)
+    slow = variant(tmp_path, "05_zero_bubble.py", prepend=W_AFTER_THE_PAIR)
     run = paced(runs, "05_zero_bubble.py", 4, 8, 1, 7, (), path=slow)
     assert run.summary["bubble_busiest"] - theory("05_zero_bubble.py", 4, 8) > TOLERANCE
 

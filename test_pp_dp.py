@@ -13,9 +13,20 @@ import pytest
 import torch
 
 import harness
-from conftest import ENV, HERE, SIZE, SYNC, start_ranks, variant, wait_ranks
-from test_equivalence import EXACT, assert_close
-from test_failures import assert_one_sentence, two_nodes
+from conftest import (
+    ENV,
+    EXACT,
+    HERE,
+    SIZE,
+    SYNC,
+    assert_close,
+    assert_one_sentence,
+    case_ids,
+    start_ranks,
+    two_nodes,
+    variant,
+    wait_ranks,
+)
 
 SCRIPT = "07_pp_dp.py"
 # (stages, copies, micro-batches, flags). The 10 samples of SIZE split into 5 + 5 or 4 + 3 + 3;
@@ -26,11 +37,6 @@ CASES = [
 ]
 PACE_MS = 30
 PACED = ("--steps", "8", "--pace", str(PACE_MS), "--micro-batches", "4")  # 2 + 1 + 1 + 1 samples a pipeline
-
-
-def case_id(stages, copies, micro_batches, flags):
-    """n6-3x2-m4: 6 ranks, 3 stages x 2 copies, 4 micro-batches (`-k n2` picks every script's cases at 2 ranks)."""
-    return f"n{stages * copies}-{stages}x{copies}-m{micro_batches}" + "".join(f"-{flag.strip('-')}" for flag in flags)
 
 
 def pp_dp(runs, stages, copies, micro_batches, *flags):
@@ -53,7 +59,7 @@ def baseline(runs):
     return runs("00_baseline.py", 0, *SIZE)
 
 
-@pytest.mark.parametrize("stages,copies,micro_batches,flags", CASES, ids=[case_id(*case) for case in CASES])
+@pytest.mark.parametrize("stages,copies,micro_batches,flags", CASES, ids=case_ids(CASES, "pp", "dp", "m"))
 def test_matches_baseline(runs, baseline, stages, copies, micro_batches, flags):
     run = pp_dp(runs, stages, copies, micro_batches, *flags)
     assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
@@ -67,7 +73,7 @@ def test_matches_baseline(runs, baseline, stages, copies, micro_batches, flags):
     assert run.summary["world_size"] == stages * copies and run.summary["data_parallel"] == copies
 
 
-@pytest.mark.parametrize("stages,copies,micro_batches,flags", CASES, ids=[case_id(*case) for case in CASES])
+@pytest.mark.parametrize("stages,copies,micro_batches,flags", CASES, ids=case_ids(CASES, "pp", "dp", "m"))
 def test_copies_hold_the_same_bits(runs, stages, copies, micro_batches, flags):
     """Rank copy * stages + stage: the copies of a stage are a pipeline's length apart."""
     run = pp_dp(runs, stages, copies, micro_batches, *flags)
@@ -79,21 +85,39 @@ def test_copies_hold_the_same_bits(runs, stages, copies, micro_batches, flags):
     assert [run.summary["stage_layers"][rank] for rank in range(stages)] * copies == run.summary["stage_layers"]
 
 
+# After every optimizer step, each rank writes its parameters (in the optimizer's order) to a file of its own.
+EVERY_STEP = """import os
+import torch
+
+_step, _steps = torch.optim.Adam.step, []
+
+
+def step(self, *args, **kwargs):
+    _step(self, *args, **kwargs)
+    params = [param.detach().clone() for group in self.param_groups for param in group["params"]]
+    torch.save(params, os.path.join({folder!r}, f"step{{len(_steps)}}-rank{{os.environ.get('RANK', '0')}}.pt"))
+    _steps.append(len(_steps))
+
+
+torch.optim.Adam.step = step
+"""
+
+
 def test_copies_hold_the_same_bits_after_every_step(runs, baseline, tmp_path_factory):
     """Three copies of a one-stage pipeline, so that an all-reduce adds three numbers, whose order
     matters; each rank writes its parameters after every step."""
     folder = tmp_path_factory.mktemp("every_step")
-    dump = f"    dump(f'{folder}/step{{step}}', dict(stage.named_parameters()))\n"
-    script = variant(folder, SCRIPT, [("    log_step(step, loss", dump + "    log_step(step, loss")])
+    script = variant(folder, SCRIPT, prepend=EVERY_STEP.format(folder=str(folder)))
     run = runs(script, 3, *SIZE, "--data-parallel", "3", "--micro-batches", "3")
     assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
     for step in range(3):
-        params = [torch.load(folder / f"step{step}" / f"rank{rank}.pt") for rank in range(3)]
-        for name, value in params[0].items():
-            assert torch.equal(params[1][name], value) and torch.equal(params[2][name], value), (step, name)
+        params = [torch.load(folder / f"step{step}-rank{rank}.pt") for rank in range(3)]
+        assert len(params[0]) == 16  # 7 blocks and the head, a weight and a bias each
+        for index, value in enumerate(params[0]):
+            assert torch.equal(params[1][index], value) and torch.equal(params[2][index], value), (step, index)
 
 
-@pytest.mark.parametrize("stages,copies,micro_batches,flags", CASES, ids=[case_id(*case) for case in CASES])
+@pytest.mark.parametrize("stages,copies,micro_batches,flags", CASES, ids=case_ids(CASES, "pp", "dp", "m"))
 def test_allreduce_after_the_last_backward(runs, stages, copies, micro_batches, flags):
     """Each rank's all-reduce is one span a step, from after its last backward; the table says how
     long it took and how much of it was hidden; 1F1B's in-flight counts are unchanged."""
@@ -193,8 +217,8 @@ def test_stuck_rank_times_out(tmp_path):
 
 def test_all_reduce_span_counts_its_launch(monkeypatch):
     """The table's all-reduce time starts before the requests are posted: launching them is part of it."""
-    monkeypatch.setattr(harness._recorder, "pending", [])
+    monkeypatch.setattr(harness.meters.recorder, "pending", [])
     launch_seconds = 0.05
     harness.started("allreduce", lambda: time.sleep(launch_seconds) or []).wait()
-    [(_, kind, _, _, start, end)] = harness._recorder.pending
-    assert harness.KINDS[kind] == "allreduce" and end - start >= launch_seconds
+    [span] = harness.meters.recorder.pending
+    assert span.kind == "allreduce" and span.end - span.start >= launch_seconds

@@ -7,18 +7,21 @@ from types import SimpleNamespace
 import pytest
 from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _ComputationType
 
-from conftest import MEMORY, SIZE, SYNC, pipelined, torchrun
-from common import replay
-from test_equivalence import assert_matches
-from test_failures import assert_one_sentence, run_quietly
+from conftest import (
+    MEMORY,
+    SYNC,
+    assert_matches,
+    assert_one_sentence,
+    case_ids,
+    pipelined,
+    run_quietly,
+    size,
+    torchrun,
+)
+from replay import replay
 
 SCRIPT = "06_zbv.py"
 PACE = ("--pace", "100")  # ms: 6m + n - 1 paced units, each with about a millisecond of messaging on this machine
-
-
-def size(layers):
-    """SIZE with another layer count: 2n stages need at least 2n layers."""
-    return ("--layers", str(layers)) + SIZE[2:]
 
 
 # (world size, micro-batches, layers, flags); 0 ranks: plain python, a world of one whose two chunks hand
@@ -30,10 +33,6 @@ CASES = [
     (3, 2, 7, SYNC), (3, 4, 7, ()), (3, 6, 7, PACE), (3, 7, 7, SYNC),
     (4, 3, 9, SYNC), (4, 4, 9, ()), (4, 7, 9, ()), (4, 8, 9, PACE), (4, 10, 9, SYNC),
 ]
-
-
-def case_id(world, micro_batches, layers, flags):
-    return f"n{world}-m{micro_batches}-L{layers}" + "".join(f"-{flag.strip('-')}" for flag in flags)
 
 
 def zbv(runs, world, micro_batches, layers=7, *flags):
@@ -61,7 +60,7 @@ def bubble_theory(n, m):
     return 1 - 6 * m / max(6 * m + n - 1, 4 * m + 4 * n - 2)
 
 
-@pytest.mark.parametrize("world,micro_batches,layers,flags", CASES, ids=[case_id(*case) for case in CASES])
+@pytest.mark.parametrize("world,micro_batches,layers,flags", CASES, ids=case_ids(CASES, "n", "m", "L"))
 def test_matches_baseline(runs, world, micro_batches, layers, flags):
     baseline = runs("00_baseline.py", 0, *size(layers))
     run = zbv(runs, world, micro_batches, layers, *flags)
@@ -74,7 +73,7 @@ def test_matches_baseline(runs, world, micro_batches, layers, flags):
     assert run.summary["stage_layers"][0][1][1] == layers  # rank 0's chunk 1 ends the model: the head
 
 
-@pytest.mark.parametrize("world,micro_batches,layers,flags", CASES, ids=[case_id(*case) for case in CASES])
+@pytest.mark.parametrize("world,micro_batches,layers,flags", CASES, ids=case_ids(CASES, "n", "m", "L"))
 def test_schedule_is_pytorchs_zbv(runs, world, micro_batches, layers, flags):
     """Every rank runs F, B and W in PyTorch's ZB-V order, every step, and keeps the theory's chunks in flight."""
     run = zbv(runs, world, micro_batches, layers, *flags)

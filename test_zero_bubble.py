@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from conftest import MEMORY, SIZE, SYNC, case_id, launch, pipelined, variant
-from test_equivalence import assert_matches
+from conftest import MEMORY, SIZE, SYNC, assert_matches, case_ids, launch, pipelined, variant
 
 SCRIPT = "05_zero_bubble.py"
 
@@ -32,13 +31,13 @@ def baseline(runs):
     return runs("00_baseline.py", 0, *SIZE)
 
 
-@pytest.mark.parametrize("world,micro_batches,flags", CASES, ids=[case_id(SCRIPT, *case) for case in CASES])
+@pytest.mark.parametrize("world,micro_batches,flags", CASES, ids=case_ids(CASES, "n", "m"))
 def test_matches_baseline(runs, baseline, world, micro_batches, flags):
     run = pipelined(runs, SCRIPT, world, micro_batches, *flags)
     assert_matches(run, baseline)
 
 
-@pytest.mark.parametrize("world,micro_batches,flags", CASES, ids=[case_id(SCRIPT, *case) for case in CASES])
+@pytest.mark.parametrize("world,micro_batches,flags", CASES, ids=case_ids(CASES, "n", "m"))
 def test_schedule_is_zb_h1(runs, world, micro_batches, flags):
     """Every rank runs F, B and W in the rule's order, every step, and keeps min(n, m) in flight."""
     run = pipelined(runs, SCRIPT, world, micro_batches, *flags)

@@ -1,0 +1,263 @@
+"""Rerun every measured table and picture that the README and docs/ show, one run at a time, and
+write docs/measured.md and img/*.svg. Run it on an otherwise idle machine.
+
+    python measure.py                                # about 11 minutes on 2 cores
+    python measure.py --quick --out /tmp/rehearsal   # every run at its smallest, one round: a rehearsal
+
+Each run goes through torchrun and prints one JSON summary line (--json), which is all this reads.
+"""
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.add_argument("--quick", action="store_true", help="smallest sizes, one round: numbers that mean nothing")
+parser.add_argument("--out", default=HERE, help="where docs/measured.md and img/ go (default: this repository)")
+args = parser.parse_args()
+for folder in ("docs", "img"):
+    os.makedirs(os.path.join(args.out, folder), exist_ok=True)
+scratch = tempfile.mkdtemp(prefix="measure-")  # traces, and the output of a run that failed
+
+# The sizes: the full run's, or the smallest that still runs every schedule (--quick).
+PACED = "--layers 8 --hidden 64 --batch-size 32 --steps 3 --pace 50"
+MEMORY = "--layers 16 --hidden 24 --batch-size 16 --micro-batches 8 --steps 3 --dtype float64 --threads 1"
+SPEED = "--batch-size 256 --hidden 1024 --layers 16 --micro-batches 8"  # the default size
+SPEED_STEPS, OVERHEAD_STEPS, DEFAULT = "--steps 10", "--steps 20", ""  # DEFAULT: the README's first command
+PP_DP = "--layers 7 --hidden 24 --steps 8 --threads 1 --lr 0.01 --dtype float64 --pace 30"
+SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS = 4, 4, 3
+if args.quick:
+    PACED = "--layers 8 --hidden 16 --batch-size 16 --steps 2 --pace 10"
+    MEMORY = MEMORY.replace("--steps 3", "--steps 2")
+    SPEED, SPEED_STEPS, OVERHEAD_STEPS = "--batch-size 16 --hidden 32 --layers 4 --micro-batches 4", "--steps 3", ""
+    DEFAULT = "--hidden 32 --batch-size 16 --steps 6"
+    PP_DP = PP_DP.replace("--steps 8", "--steps 2").replace("--pace 30", "--pace 10")
+    SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = 1
+
+started = time.time()
+commands = []  # what ran, as a reader would type it, for the section being measured
+
+
+def run(script, ranks, flags):
+    """One torchrun of script on this host: its JSON summary, and the run's wall time (start-up included)."""
+    flags = " ".join(flags.split() + ["--json"] * (script != "torch_schedules.py"))  # PyTorch's prints it always
+    shown = f"torchrun --nproc_per_node={ranks} {script} {flags}"
+    for folder in (os.path.join(args.out, ""), os.path.join(scratch, "")):
+        shown = shown.replace(folder, "")
+    commands.extend([shown] * (shown not in commands))
+    print(f"[{time.time() - started:4.0f} s] {shown}", flush=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", script,
+               *flags.split()]
+    begin = time.time()
+    result = subprocess.run(command, cwd=HERE, capture_output=True, text=True)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode or not lines:  # the run's own sentences and exceptions, once each, then where the rest is
+        with open(os.path.join(scratch, "failed.log"), "w") as file:
+            file.write(result.stdout + result.stderr)
+        errors = dict.fromkeys(line for line in (result.stdout + result.stderr).splitlines()
+                               if line.startswith("error:") or "Error: " in line)
+        sys.exit("\n".join([f"failed ({result.returncode}): {shown}", *errors, f"its output: {file.name}"]))
+    return dict(json.loads(lines[-1]), wall_s=time.time() - begin)
+
+
+def ran():
+    """The commands of the section just measured, as a block for the reader; then start the next section."""
+    block = "```bash\n" + "\n".join(commands) + "\n```"
+    commands.clear()
+    return block
+
+
+median = statistics.median
+
+
+def per_rank(values, separator=" "):
+    return separator.join(str(value) for value in values)
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])
+
+
+def gradient_hop(trace, sender, receiver):
+    """Median ms from the end of a backward on `sender` to the start of the same micro-batch's on `receiver`."""
+    with open(trace) as file:
+        events = [e for e in json.load(file)["traceEvents"] if e.get("cat") == "backward" and e["args"]["step"] > 0]
+    ends = {(e["args"]["step"], e["args"]["micro_batch"]): e["ts"] + e["dur"] for e in events if e["pid"] == sender}
+    return median([(e["ts"] - ends[e["args"]["step"], e["args"]["micro_batch"]]) / 1e3
+                   for e in events if e["pid"] == receiver])
+
+
+out = []  # the sections of measured.md, in order
+
+# (1) Paced: every computation padded to the pace, four ranks, the pictures drawn by --svg.
+rows = []
+for name, script, flags, m in [
+        ("01 naive", "01_naive", "", 1), ("02 GPipe", "02_gpipe", "--micro-batches 8", 8),
+        ("03 1F1B", "03_1f1b", "--micro-batches 8", 8),
+        ("04 interleaved, v = 2", "04_interleaved_1f1b", "--micro-batches 8 --virtual-stages 2", 8),
+        ("05 ZB-H1", "05_zero_bubble", "--micro-batches 8", 8), ("06 ZB-V", "06_zbv", "--micro-batches 8", 8),
+        ("07, 2 stages x 2 copies", "07_pp_dp", "--micro-batches 4 --data-parallel 2", 4)]:
+    s = run(f"{script}.py", 4, f"{PACED} {flags} --svg {os.path.join(args.out, 'img', script + '.svg')}")
+    rows.append([name, m, f"{s['bubble_busiest']:.3f}", f"{s['bubble_theory']:.3f}",
+                 f"{s['bubble_busiest'] - s['bubble_theory']:+.3f}", s["paced_overruns"],
+                 per_rank(s["sends_before_receive"])])
+out.append(f"""## Paced: each schedule alone
+
+Four ranks, every computation padded to the pace by sleeping, one run each; the pictures
+`img/*.svg` are the last step of each run. Sends before their receive are counted over the
+measured steps (all but the first); overruns are computations that took longer than the pace.
+
+{ran()}
+
+{table(["script", "m", "busiest rank's bubble", "theory", "excess", "overruns",
+        "sends before their receive, per rank"], rows)}""")
+
+# (2) Memory at a small size: exact, whatever the timing.
+unit = 2 * 24 * 8  # one micro-batch: 16 / 8 rows x 24, float64
+rows, largest = [], {}
+for name, script, flags in [("02 GPipe", "02_gpipe", ""), ("03 1F1B", "03_1f1b", ""),
+                            ("04 interleaved, v = 2", "04_interleaved_1f1b", "--virtual-stages 2"),
+                            ("05 ZB-H1", "05_zero_bubble", ""), ("06 ZB-V", "06_zbv", "")]:
+    s = run(f"{script}.py", 4, f"{MEMORY} {flags}")
+    largest[script] = max(s["peak_held_bytes"])
+    rows.append([name, per_rank(s["peak_inflight_microbatches"]), per_rank(s["expected_inflight_microbatches"]),
+                 per_rank(s["peak_activation_bytes"]), per_rank(s["peak_held_bytes"]),
+                 per_rank(f"{held / unit:.2f}" for held in s["peak_held_bytes"]),
+                 f"{largest[script] / largest['03_1f1b']:.2f}" if "03_1f1b" in largest else ""])
+out.append(f"""## Memory at a small size
+
+Four ranks, one run each. In-flight counts and bytes do not depend on timing: they are exact. A
+unit is one micro-batch's `2 x 24` float64 tensor, {unit} bytes.
+
+{ran()}
+
+{table(["script", "in flight, ranks 0-3", "theory", "activations (B)", "held (B)", "held (units)",
+        "largest held / 03's"], rows)}""")
+
+# (3) Speed: two ranks, the default size, the scripts and PyTorch's own schedules in turn, round by round.
+SPEED_RUNS = [("03 1F1B", "03_1f1b.py", ""), ("04 interleaved, v = 2", "04_interleaved_1f1b.py", "--virtual-stages 2"),
+              ("05 ZB-H1", "05_zero_bubble.py", ""), ("06 ZB-V", "06_zbv.py", ""),
+              ("PyTorch `Schedule1F1B`", "torch_schedules.py", "--schedule 1f1b"),
+              ("PyTorch `ScheduleInterleaved1F1B`", "torch_schedules.py", "--schedule interleaved-1f1b"),
+              ("PyTorch `ScheduleZBVZeroBubble`", "torch_schedules.py", "--schedule zbv-zero-bubble")]
+speed = [[run(script, 2, f"{SPEED} {SPEED_STEPS} {flags}") for _, script, flags in SPEED_RUNS]
+         for _ in range(SPEED_ROUNDS)]
+rows = []
+for index, (name, script, _) in enumerate(SPEED_RUNS):
+    runs, steps = [round_[index] for round_ in speed], [round_[index]["step_ms_median"] for round_ in speed]
+    ratio = median([round_[index]["step_ms_median"] / round_[0]["step_ms_median"] for round_ in speed])
+    row = [name, f"{median(steps):.1f}", f"{ratio:.3f}", per_rank(f"{step:.1f}" for step in steps)]
+    if script == "torch_schedules.py":  # its JSON line has the step time only
+        rows.append(row + [""] * 6)
+        continue
+    busiest, at_costs = median([s["bubble_busiest"] for s in runs]), median([s["bubble_at_costs"] for s in runs])
+    spans = " / ".join(f"{median([s['span_ms'][kind] for s in runs]):.2f}" for kind in runs[0]["span_ms"])
+    early = [median([s["sends_before_receive"][rank] for s in runs]) / (runs[0]["steps"] - 1) for rank in (0, 1)]
+    rows.append(row + [f"{busiest:.3f}", f"{runs[0]['bubble_theory']:.3f}", f"{at_costs:.3f}",
+                       f"{busiest - at_costs:+.3f}", spans, per_rank((f"{e:.1f}" for e in early), " / ")])
+out.append(f"""## Speed: two ranks, the default size
+
+Rounds: {SPEED_ROUNDS}. In each round every row ran once, in the order of the table, so that a
+slow minute of the machine falls on all of them. The step is the run's median step (the first step left
+out), then the median over the rounds; the ratio is the median over the rounds of the step over
+that round's 03. Bubbles are the busiest rank's, medians over the rounds; "at its costs" replays
+the schedule's order at the run's own mean span times with free messages, and the excess over it
+is what messages and shared cores cost. Spans are the mean forward / backward / W, in ms.
+
+{ran()}
+
+{table(["", "step (ms)", "step / 03's", "each round (ms)", "busiest rank's bubble", "theory",
+        "theory at its costs", "excess", "spans F / B / W (ms)", "sends before their receive, a step (rank 0 / 1)"],
+       rows)}""")
+
+# (4) The cost of measuring: --overhead instruments the even steps only.
+rows = []
+for _ in range(OVERHEAD_RUNS):
+    s = run("03_1f1b.py", 2, f"{SPEED} {OVERHEAD_STEPS} --overhead")
+    rows.append([f"{s['step_ms_median']:.1f}", f"{s['step_ms_median_bare']:.1f}",
+                 f"{100 * (s['step_ms_median'] / s['step_ms_median_bare'] - 1):+.1f}%"])
+out.append(f"""## The cost of measuring
+
+03 on two ranks with `--overhead`, the even steps instrumented and the odd ones bare, the median
+of each. Runs: {OVERHEAD_RUNS}.
+
+{ran()}
+
+{table(["instrumented (ms)", "bare (ms)", "instrumented over bare"], rows)}""")
+
+# (5) The default run: the README's first command.
+s = run("03_1f1b.py", 2, DEFAULT)
+out.append(f"""## The default run
+
+{ran()}
+
+Once: the loss went from {s['losses'][0]:.2f} at the first step to {statistics.mean(s['losses'][-5:]):.3f}
+on average over the last five of {len(s['losses'])}; the busiest rank's bubble was
+{s['bubble_busiest']:.3f} (theory {s['bubble_theory']:.3f}); the run took {s['wall_s']:.1f} s, start-up included.""")
+
+# (6) 07's all-reduce: 2 stages x 2 copies against 03 on one copy's share, paced, round by round.
+rows = []
+for m in (4, 8):
+    share = 5 if m == 4 else m  # samples a pipeline
+    excess, first, last, hidden, hops = [], [], [], [], []
+    for round_ in range(PP_DP_ROUNDS):
+        traces = [os.path.join(scratch, f"{name}-m{m}.trace.json") for name in ("07", "03")]
+        pp_dp = run("07_pp_dp.py", 4, f"{PP_DP} --micro-batches {m} --batch-size {2 * share} --data-parallel 2 "
+                                      f"--trace {traces[0]}")
+        alone = run("03_1f1b.py", 2, f"{PP_DP} --micro-batches {m} --batch-size {share} --trace {traces[1]}")
+        reduce_ms = pp_dp["allreduce_ms"]
+        excess.append(pp_dp["step_ms_median"] - alone["step_ms_median"])
+        first.append(max(reduce_ms[0], reduce_ms[2]))  # stage 0's copies are ranks 0 and 2, stage 1's 1 and 3
+        last.append(max(reduce_ms[1], reduce_ms[3]))
+        hidden.append(all(pp_dp["allreduce_hidden_ms"][r] >= 0.99 * reduce_ms[r] for r in (1, 3)))
+        hops.append((gradient_hop(traces[0], 1, 0), gradient_hop(traces[1], 1, 0)))  # pipeline 0: ranks 1 -> 0
+    spread = lambda values: f"{median(values):.1f} ({min(values):.1f} to {max(values):.1f})"  # noqa: E731
+    rows.append([m, spread(excess), spread(first), f"{median(last):.1f}",
+                 f"{sum(e <= f for e, f in zip(excess, first))} of {len(excess)}", f"{sum(hidden)} of {len(hidden)}",
+                 f"{median([hop[0] for hop in hops]):.2f} / {median([hop[1] for hop in hops]):.2f}"])
+out.append(f"""## 07: the all-reduce against the step
+
+Rounds: {PP_DP_ROUNDS} at each micro-batch count. In each, 07 with 2 stages x 2 copies (a
+pipeline's share: 5 samples at m = 4, m at m = 8), then 03 on 2 ranks with one copy's share. A
+stage's all-reduce is the longer of its two copies' (ms a step, medians over the rounds); the last
+stage's is hidden when all of it lies within its pipeline's span. The gradient's hop is the median
+time from the end of stage 1's backward to the start of stage 0's backward of the same
+micro-batch, in the traces.
+
+{ran()}
+
+{table(["m", "07's step over 03's, median (range) ms", "first stage's all-reduce, median (range) ms",
+        "last stage's all-reduce (ms)", "rounds within the first stage's sum", "rounds with the last stage's hidden",
+        "gradient's hop, 07 / 03 (ms)"], rows)}""")
+
+# The machine, the code, the date: what every figure above depends on.
+with open("/proc/cpuinfo") as file:
+    cpu = next((line.split(":", 1)[1].strip() for line in file if line.startswith("model name")), "unknown")
+git = lambda *command: subprocess.run(["git", *command], cwd=HERE, capture_output=True, text=True).stdout.strip()  # noqa: E731
+dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
+minutes = (time.time() - started) / 60
+quick = "\n\n**A rehearsal (`--quick`): the smallest sizes, one round. These numbers mean nothing.**" * args.quick
+header = f"""# Measured
+
+Written by `python measure.py{' --quick' * args.quick}`, which reruns every figure the README and
+docs/ cite.{quick}
+
+- machine: {len(os.sched_getaffinity(0))} cores, {cpu}
+- torch {importlib.metadata.version('torch')}, gloo, CPU
+- code: commit {git('rev-parse', '--short', 'HEAD') or 'unknown'}{dirty}
+- date: {datetime.datetime.now():%Y-%m-%d %H:%M}; every run alone, one after another, {minutes:.1f} min in all
+
+Step times on shared cores vary from run to run (see each round's below): compare figures within
+this file, and medians rather than single runs. In-flight counts and bytes are exact."""
+with open(os.path.join(args.out, "docs", "measured.md"), "w") as file:
+    file.write("\n\n".join([header] + out) + "\n")
+print(f"wrote {os.path.join(args.out, 'docs', 'measured.md')} and {os.path.join(args.out, 'img')} in {minutes:.1f} min")
