@@ -1,0 +1,18 @@
+"""Everything around the lesson, which a reader can skip. The numbered scripts call it with one line
+at each call site: `with record("forward", i):`, `with timed_step(step):`, `log_step(step, loss)`,
+`report(args, stages, expected_inflight)`.
+
+flags.py     the flags every script takes, their checks, and ending a run with one sentence
+startup.py   cores and threads, errors as sentences, the same flags and one clock on every rank; finish, dump
+meters.py    what each rank measures as it runs: bytes held, spans, step times, when sends and receives are posted
+summary.py   report: every rank's records on rank 0, the summary, its comparison with theory, the table
+pictures.py  the last step as text and as an SVG, and every span as a Chrome trace
+"""
+
+from harness.flags import PipelineError, fail, parse_args
+from harness.meters import log_step, posted, record, started, timed_step, track
+from harness.startup import after_setup, before_setup, dump, finish
+from harness.summary import report
+
+__all__ = ["PipelineError", "after_setup", "before_setup", "dump", "fail", "finish", "log_step", "parse_args",
+           "posted", "record", "report", "started", "timed_step", "track"]

@@ -1,0 +1,218 @@
+"""What each rank measures as it runs, on rank 0's clock: the bytes its schedule holds, a span for
+each computation and wait, each step's time, and when each send and receive was posted."""
+
+import contextlib
+import threading
+import time
+import weakref
+from collections import namedtuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from harness.flags import PipelineError
+
+COMPUTE = ("forward", "backward", "weight")  # the kinds of span that compute; the others: "wait", "allreduce", ...
+TP = "tp_allreduce"  # 08's tensor-parallel all-reduces and gathers, inside its forwards and backwards
+
+# The records, times in seconds on rank 0's clock (on CUDA a span's are events until its step is over):
+# a computation, a wait for a receive or a send, 07's all-reduce or one of TP (kind: one of COMPUTE, "wait",
+# "allreduce", TP; nbytes: the tensor a collective makes); one optimizer step; a send or a receive posted
+# to another rank (peer: a global rank; nbytes: its tensor's).
+Span = namedtuple("Span", "step kind micro_batch chunk start end nbytes", defaults=[0])
+StepTime = namedtuple("StepTime", "step start end")
+Post = namedtuple("Post", "step is_send peer tag time nbytes")
+_Region = namedtuple("_Region", "address nbytes")  # memory that one or more tensors hold
+
+
+class _Meter:
+    """Bytes held, each region of memory counted once however many tensors hold it."""
+
+    def __init__(self):
+        self.count, self.bytes, self.peak = {}, 0, 0
+        self.lock = threading.RLock()  # storages are also freed on gloo's threads
+
+    def hold(self, region, owner):
+        """Count the region until the owner (a tensor, a storage, a _Saved) is freed."""
+        with self.lock:
+            if self.count.get(region, 0) == 0:
+                self.bytes += region.nbytes
+                self.peak = max(self.peak, self.bytes)
+            self.count[region] = self.count.get(region, 0) + 1
+        weakref.finalize(owner, self._release, region)
+
+    def _release(self, region):
+        with self.lock:
+            self.count[region] -= 1
+            if self.count[region] == 0:
+                del self.count[region]
+                self.bytes -= region.nbytes
+
+
+class _Recorder:
+    """This rank's records so far, its device, its offset to rank 0's clock, and the switches that
+    --no-instrument, --overhead and --pace set."""
+
+    def __init__(self):
+        self.device, self.offset = torch.device("cpu"), 0.0  # offset: add to time.perf_counter() for rank 0's clock
+        self.enabled, self.alternate = True, False  # alternate (--overhead): instrument the even steps only
+        self.pace, self.overruns = 0.0, 0  # --pace in seconds, and the computations that took longer
+        self.step = 0
+        self.spans, self.steps, self.posts, self.losses = [], [], [], []  # Span, StepTime, Post, float
+        self.pending = []  # the step's spans; on CUDA their events are read once the step is over
+        self.saved, self.held = _Meter(), _Meter()
+
+    @staticmethod
+    def pack(tensor):
+        # A Linear saves its weight as a transposed view: parameters are not activations.
+        if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
+            return tensor
+        return _Saved(tensor)
+
+    @staticmethod
+    def unpack(saved):
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+
+recorder = _Recorder()
+
+
+def idle_now():
+    """perf_counter once this device has finished its work: only between steps, never inside one."""
+    if recorder.device.type == "cuda":
+        torch.cuda.synchronize(recorder.device)
+    return time.perf_counter()
+
+
+def _mark():
+    """Now, as a number on CPU; on CUDA an event in the stream, read after the step (a synchronize
+    here would make every asynchronous operation a blocking one)."""
+    if recorder.device.type != "cuda":
+        return time.perf_counter() + recorder.offset
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _region(tensor):
+    # Micro-batches cut from one batch share a storage: count the bytes a tensor spans.
+    return _Region(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+
+
+def _is_slice(tensor):
+    # A micro-batch of the data is a slice of the batch, which lives for the whole step whatever
+    # the schedule: it counts while autograd (or W) keeps it, not while its memory lives.
+    return tensor.untyped_storage().nbytes() > _region(tensor).nbytes
+
+
+class _Saved:
+    """One tensor autograd keeps for backward, counted in the activation bytes while autograd keeps it."""
+
+    def __init__(self, tensor):
+        self.tensor, region = tensor, _region(tensor)
+        recorder.saved.hold(region, self)
+        if _is_slice(tensor):
+            recorder.held.hold(region, self)
+        else:
+            track(tensor)
+
+
+def track(tensor):
+    """Count a tensor the schedule holds (saved for backward, stashed, in transit)
+    in the held bytes until its memory is freed, so that one kept by mistake stays counted.
+    Returns the tensor."""
+    if not recorder.enabled:
+        return tensor
+    if _is_slice(tensor):  # counted while this view lives
+        recorder.held.hold(_region(tensor), tensor)
+        return tensor
+    storage = tensor.untyped_storage()
+    region = _Region(storage.data_ptr(), storage.nbytes())
+    with recorder.held.lock:
+        if region not in recorder.held.count:
+            recorder.held.hold(region, storage)  # a storage's Python object lives exactly as long as its memory
+    return tensor
+
+
+@contextlib.contextmanager
+def record(kind, micro_batch, chunk=0):
+    """Time one forward, backward, weight-gradient pass or wait; a forward or a backward (--recompute's runs
+    the forward again) also counts what it saves. With --pace, a computation then sleeps out the rest of its span."""
+    began = time.perf_counter()
+    if not recorder.enabled:
+        yield
+    else:
+        start = _mark()
+        hooks = torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack)
+        with hooks if kind in ("forward", "backward") else contextlib.nullcontext():
+            yield
+    if recorder.pace and kind != "wait":
+        if recorder.device.type == "cuda":
+            torch.cuda.synchronize(recorder.device)  # pacing times the arithmetic itself, so it waits for it
+        left = began + recorder.pace - time.perf_counter()
+        recorder.overruns += left < 0
+        time.sleep(max(0.0, left))
+    if recorder.enabled:
+        recorder.pending.append(Span(recorder.step, kind, micro_batch, chunk, start, _mark()))
+
+
+def started(kind, start, nbytes=0):
+    """Requests that start() starts now, waited for later (07's gradient all-reduce; 08's TP, at once): wait()
+    on what this returns waits for them all, and records one span from before start() until then, so the
+    span also counts the time it takes to start them. nbytes: the size of the tensor they make."""
+    begun = _mark() if recorder.enabled else None
+    return _Started(kind, start(), begun, nbytes)
+
+
+class _Started(namedtuple("_Started", "kind requests begun nbytes")):
+    def wait(self):
+        try:
+            for request in self.requests:
+                request.wait()
+        except RuntimeError as error:
+            peers = "its copies" if self.kind == "allreduce" else "the other shards of its stage"
+            raise PipelineError(f"rank {dist.get_rank()} gave up in {self.kind} waiting for {peers} "
+                                f"({str(error).splitlines()[0]}); one may be stuck, dead or itself waiting, "
+                                "or just slower than --timeout") from None
+        if self.begun is not None:
+            recorder.pending.append(Span(recorder.step, self.kind, 0, 0, self.begun, _mark(), self.nbytes))
+
+
+def posted(messages):
+    """Note when sends and receives to other ranks are posted: each a guarantees.Message."""
+    if recorder.enabled:
+        now = time.perf_counter() + recorder.offset
+        recorder.posts += [Post(recorder.step, message.is_send, message.link.peer, message.link.tag, now,
+                                message.tensor.nbytes) for message in messages]
+
+
+@contextlib.contextmanager
+def timed_step(step):
+    """Time one optimizer step (spans recorded inside it carry its number)."""
+    recorder.step = step
+    if recorder.alternate:
+        recorder.enabled = step % 2 == 0
+    on_cuda = recorder.device.type == "cuda"
+    if on_cuda:  # an event at a known time on the host's clock, to read the step's events against
+        origin_seconds, origin = idle_now() + recorder.offset, _mark()
+    start = _mark()
+    yield
+    end = _mark()
+    if on_cuda:  # the step is over: read its events
+        end.synchronize()
+        seconds = lambda event: origin_seconds + origin.elapsed_time(event) / 1e3  # noqa: E731
+        recorder.pending = [span._replace(start=seconds(span.start), end=seconds(span.end))
+                            for span in recorder.pending]
+        start, end = seconds(start), seconds(end)
+    recorder.spans += recorder.pending
+    recorder.pending = []
+    recorder.steps.append(StepTime(step, start, end))
+
+
+def log_step(step, loss):
+    """Print the step's loss where it lives, on the last stage, and keep it for the summary."""
+    if loss is not None:
+        recorder.losses.append(loss.item())
+        step_ms = 1e3 * (recorder.steps[-1].end - recorder.steps[-1].start)
+        print(f"step {step:4d} | loss {loss.item():.4f} | {step_ms:7.1f} ms", flush=True)

@@ -1,0 +1,124 @@
+"""Start-up and the end: cores and threads, errors as sentences, the same flags on every rank, one
+clock for all; leaving cleanly, and writing tensors for the tests."""
+
+import math
+import os
+import pathlib
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from harness.flags import PipelineError, fail
+from harness.meters import idle_now, recorder
+
+_torch_excepthook = sys.excepthook
+
+
+def before_setup(args):
+    """Cores and threads, before the process group exists: each rank on this host gets its own cores,
+    so ranks do not take turns on the same ones."""
+    cores, local_world_size = sorted(os.sched_getaffinity(0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if local_world_size > len(cores) and local_rank == 0:
+        print(f"note: {local_world_size} ranks share {len(cores)} core{'s' * (len(cores) > 1)} on this host, so the "
+              "measured bubble includes time spent waiting for a core", flush=True)
+    if local_world_size * args.threads <= len(cores):
+        os.sched_setaffinity(0, cores[local_rank * args.threads:(local_rank + 1) * args.threads])
+    torch.set_num_threads(args.threads)
+    recorder.enabled, recorder.alternate, recorder.pace = not args.no_instrument, args.overhead, args.pace / 1e3
+
+
+def after_setup(args, device):
+    """Errors as sentences, the same flags on every rank, and one clock for all."""
+    global _torch_excepthook
+    _torch_excepthook, sys.excepthook = sys.excepthook, _excepthook  # after init_process_group, which sets its own
+    recorder.device = device
+    _check_same_flags(args)
+    _sync_clock()
+
+
+def _check_same_flags(args):
+    """Ranks launched by hand on several nodes can disagree on a flag: compare with rank 0."""
+    mine = {name: repr(value) for name, value in vars(args).items() if name not in ("threads", "json", "trace")}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    differing = []
+    for name in sorted(mine):
+        ranks = [rank for rank, theirs in enumerate(everyone) if theirs.get(name) != everyone[0].get(name)]
+        if ranks:
+            differing.append(f"--{name.replace('_', '-')} on rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}")
+    if differing:
+        fail(f"ranks were started with flags that differ from rank 0's ({'; '.join(differing)}): "
+             "start every rank with the same flags.")
+
+
+def _sync_clock():
+    """Put every rank on rank 0's clock. time.perf_counter() is one clock for every process on a
+    machine, so ranks on rank 0's machine read it already. A rank on another machine measures its
+    offset with a ping-pong and keeps the estimate from the fastest round trip: wrong by at most
+    half of it."""
+    rank, machines = dist.get_rank(), [None] * dist.get_world_size()
+    dist.all_gather_object(machines, _machine_id())
+    buffer = torch.zeros(1, dtype=torch.float64, device=recorder.device)
+    for peer in range(1, len(machines)):
+        if machines[peer] == machines[0]:
+            continue
+        if rank == 0:
+            best_round_trip = math.inf
+            for _ in range(8):
+                sent = time.perf_counter()
+                dist.send(buffer, peer)
+                dist.recv(buffer, peer)
+                received = idle_now()
+                if received - sent < best_round_trip:
+                    best_round_trip, offset = received - sent, (sent + received) / 2 - buffer.item()
+            dist.send(buffer.fill_(offset), peer)
+        elif rank == peer:
+            for _ in range(8):
+                dist.recv(buffer, 0)
+                buffer.fill_(idle_now())
+                dist.send(buffer, 0)
+            dist.recv(buffer, 0)
+            recorder.offset = buffer.item()
+
+
+def _machine_id():
+    """The host name and, on Linux, the boot id the kernel draws at random when it starts."""
+    boot_id = pathlib.Path("/proc/sys/kernel/random/boot_id")
+    return f"{socket.gethostname()} {boot_id.read_text().strip() if boot_id.exists() else ''}"
+
+
+def _excepthook(kind, error, traceback):
+    """A PipelineError is one sentence; anything else is a bug, shown with torch's [rankN] traceback."""
+    if issubclass(kind, PipelineError):
+        print(f"error: {error}", file=sys.__stderr__, flush=True)
+        os._exit(1)
+    if issubclass(kind, KeyboardInterrupt):
+        os._exit(130)
+    _torch_excepthook(kind, error, traceback)
+
+
+def finish():
+    """Leave once every rank is done, skipping the interpreter's teardown.
+
+    Gloo's worker threads can outlive destroy_process_group (the first optimizer step
+    imports torch._dynamo, which keeps a reference to the group). A worker that drops a
+    finished collective's tensors after the interpreter has begun tearing down cannot take
+    the GIL and aborts the process: "terminate called without an active exception".
+    """
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def dump(directory, tensors):
+    """Write {name: tensor} to directory/rank{R}.pt (nothing without the flag)."""
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        tensors = {name: tensor.detach().cpu() for name, tensor in tensors.items()}
+        torch.save(tensors, os.path.join(directory, f"rank{dist.get_rank()}.pt"))

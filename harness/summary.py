@@ -1,0 +1,261 @@
+"""The end of a run: every rank's records on rank 0, the summary of what each rank computed, idled
+and held, its comparison with the theory, the table and the JSON line."""
+
+import itertools
+import json
+import os
+import statistics
+import sys
+from collections import namedtuple
+
+import torch
+import torch.distributed as dist
+
+from harness import pictures
+from harness.meters import COMPUTE, TP, recorder
+from harness.startup import finish
+
+# One rank's records (see meters.py), its model chunks' (first, last) layers, its peak activation and
+# held bytes, torch.cuda.max_memory_allocated (-1 on the CPU), its computations longer than --pace, and the
+# bytes of its parameters.
+Records = namedtuple("Records", "spans steps losses posts layers activation_peak held_peak cuda_peak overruns "
+                                "parameter_bytes")
+
+
+def report(args, stages, expected_inflight, bubble_theory=None, expected_parameter_bytes=None):
+    """Gather every rank's measurements on rank 0, print the timeline, the table and the JSON
+    line, and end the run.
+
+    stages: this rank's model chunks (their .layers). expected_inflight(rank): how many micro-batches
+    (or micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the
+    schedule's with every span equally long; without it, the schedule's order is replayed so.
+    expected_parameter_bytes(rank) (08): the theory of each rank's parameter bytes, shown beside them.
+    """
+    cuda_peak = torch.cuda.max_memory_allocated(recorder.device) if recorder.device.type == "cuda" else -1
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, Records(recorder.spans, recorder.steps, recorder.losses, recorder.posts,
+                                          [tuple(stage.layers) for stage in stages], recorder.saved.peak,
+                                          recorder.held.peak, cuda_peak, recorder.overruns,
+                                          sum(p.nbytes for stage in stages for p in stage.parameters())))
+    if dist.get_rank() == 0:
+        timed = list(range(1, args.steps)) if args.steps > 1 else [0]  # the first step pays for warm-up
+        measured = [step for step in timed if not args.overhead or step % 2 == 0]  # --overhead: the even ones
+        summary = _summarize(args, ranks, timed, measured)
+        if not args.no_instrument:
+            summary.update(_per_rank(args, ranks, measured, expected_inflight))
+        if bubble_theory is not None:
+            summary["bubble_theory"] = bubble_theory
+        chunks = len(stages) > 1  # label spans with their model chunk
+        layers = [[list(chunk) for chunk in rank.layers] for rank in ranks]
+        summary["stage_layers"] = layers if chunks else [chunk for (chunk,) in layers]  # one chunk: its pair alone
+        summary["parameter_bytes"] = [rank.parameter_bytes for rank in ranks]
+        if expected_parameter_bytes:
+            summary["expected_parameter_bytes"] = [expected_parameter_bytes(rank) for rank in range(len(ranks))]
+        spans = [rank.spans for rank in ranks]
+        if not args.no_instrument:
+            _compare(args, summary, ranks, measured, replay_theory=bubble_theory is None)
+            print(pictures.timeline(spans, chunks))
+            print(_table(summary, layers))
+        else:
+            print(f"step time (median) {summary['step_ms_median']:.1f} ms")
+        if args.trace:
+            pictures.write_trace(args.trace, spans, chunks)
+        if args.svg:
+            pictures.write_svg(args.svg, spans, chunks, summary)
+        if args.json:
+            print(json.dumps(summary), flush=True)
+    finish()
+
+
+def _summarize(args, ranks, timed, measured):
+    """The run's shape, its losses, and its step times: each from the first rank's start to the last's end."""
+    times = [time for rank in ranks for time in rank.steps]
+    step_ms = {step: 1e3 * (max(t.end for t in times if t.step == step) - min(t.start for t in times if t.step == step))
+               for step in timed}
+    summary = {
+        "script": os.path.basename(sys.argv[0]), "world_size": len(ranks), "data_parallel": args.data_parallel,
+        "tensor_parallel": args.tensor_parallel, "num_microbatches": args.micro_batches,
+        "virtual_stages": args.virtual_stages,
+        "batch_size": args.batch_size, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
+        "steps": args.steps, "threads": args.threads, "sync_sends": args.sync_sends, "recompute": args.recompute,
+        # the last rank that has any: the head's (rank 0 on the V)
+        "losses": max(reversed([rank.losses for rank in ranks]), key=len),
+        "step_ms_median": statistics.median_high([step_ms[step] for step in measured]),
+    }
+    if args.overhead:
+        summary["step_ms_median_bare"] = statistics.median_high([step_ms[step] for step in timed if step % 2])
+    return summary
+
+
+def _per_rank(args, ranks, measured, expected_inflight):
+    """Each rank's bubble, compute and idle time, micro-batches in flight and bytes held, over the measured steps."""
+    world = len(ranks)
+    compute, windows, reduced, hidden = ([0.0] * world for _ in range(4))
+    inflight = [0] * world
+    for step in measured:
+        spans = [[span for span in rank.spans if span.step == step] for rank in ranks]
+        work = [[span for span in rank if span.kind in COMPUTE] for rank in spans]
+        for rank, computed in enumerate(work):
+            # The bubble is measured against the rank's pipeline's own span: from the first forward
+            # anywhere in it to the last computation anywhere in it. Blocked in a receive counts as idle.
+            pipeline = [span for theirs in work[_pipeline(args, world, rank)] for span in theirs]
+            begin, end = min(span.start for span in pipeline), max(span.end for span in pipeline)
+            windows[rank] += end - begin
+            compute[rank] += sum(span.end - span.start for span in computed)
+            inflight[rank] = max(inflight[rank], _peak_inflight(computed))
+            for span in spans[rank]:  # 07's all-reduce is hidden for as long as it overlaps the pipeline's span
+                if span.kind == "allreduce":
+                    reduced[rank] += span.end - span.start
+                    hidden[rank] += max(0.0, min(span.end, end) - span.start)
+    idle = [window - busy for window, busy in zip(windows, compute)]
+    bubbles = [rank_idle / window for rank_idle, window in zip(idle, windows)]
+    summary = {
+        "bubble_measured": sum(bubbles) / world, "bubble_per_rank": bubbles,
+        "compute_ms": [1e3 * busy / len(measured) for busy in compute],
+        "idle_ms": [1e3 * rank_idle / len(measured) for rank_idle in idle],
+        "peak_inflight_microbatches": inflight,
+        "expected_inflight_microbatches": [expected_inflight(rank) for rank in range(world)],
+        "peak_activation_bytes": [rank.activation_peak for rank in ranks],
+        "peak_held_bytes": [rank.held_peak for rank in ranks],
+    }
+    if any(reduced):
+        summary["allreduce_ms"] = [1e3 * time / len(measured) for time in reduced]
+        summary["allreduce_hidden_ms"] = [1e3 * time / len(measured) for time in hidden]
+    tp = [[span for span in rank.spans if span.kind == TP and span.step in measured] for rank in ranks]
+    if any(tp):  # 08's, a step: how long, how many, and the bytes of the tensors they made
+        summary["tp_allreduce_ms"] = [1e3 * sum(s.end - s.start for s in spans) / len(measured) for spans in tp]
+        summary["tp_allreduces"] = [len(spans) // len(measured) for spans in tp]
+        summary["tp_allreduce_bytes"] = [sum(span.nbytes for span in spans) // len(measured) for spans in tp]
+    if recorder.device.type == "cuda":
+        summary["cuda_max_memory_allocated"] = [rank.cuda_peak for rank in ranks]
+    return summary
+
+
+def _pipeline(args, world, rank):
+    """The ranks of rank's pipeline, stage by stage, as a slice of the world's: rank (copy n + stage) t + shard."""
+    first, block = rank - rank % (world // args.data_parallel), world // args.data_parallel
+    return slice(first + rank % args.tensor_parallel, first + block, args.tensor_parallel)
+
+
+def _peak_inflight(work):
+    """Most (micro-batch, chunk) pairs between the start of their forward and the end of their last
+    backward or weight-gradient span."""
+    begin, end = {}, {}
+    for span in work:
+        pair = span.micro_batch, span.chunk
+        if span.kind == "forward":
+            begin[pair] = span.start
+        else:
+            end[pair] = max(end.get(pair, span.end), span.end)
+    events = sorted([(time, 1) for time in begin.values()] + [(time, -1) for time in end.values()])
+    return max(itertools.accumulate((change for _, change in events), initial=0))  # the most alive at once
+
+
+def _compare(args, summary, ranks, measured, replay_theory):
+    """The busiest rank against the theory and against this run's order replayed at its mean span
+    times, and the sends posted before their receive, over the measured steps."""
+    busiest = max(range(len(ranks)), key=lambda rank: summary["compute_ms"][rank])
+    summary["busiest_rank"], summary["bubble_busiest"] = busiest, summary["bubble_per_rank"][busiest]
+    summary["span_ms"] = _span_ms(ranks, measured)
+    summary["bubble_at_costs"] = _replayed(args, ranks, measured[-1], summary["span_ms"])[busiest]
+    if replay_theory:  # no closed form given: the schedule's order with every span one unit long
+        unit = dict.fromkeys(summary["span_ms"], 1.0)
+        summary["bubble_theory"] = _replayed(args, ranks, measured[-1], unit)[busiest]
+    summary["sends_before_receive"] = _sends_before_receive(ranks, measured)
+    summary["sent_bytes"] = [sum(post.nbytes for post in rank.posts if post.is_send and post.step in measured)
+                             // len(measured) for rank in ranks]
+    summary["pace_ms"], summary["paced_overruns"] = args.pace, sum(rank.overruns for rank in ranks)
+
+
+def _span_ms(ranks, measured):
+    """Each kind of computation's mean span over the measured steps, in ms: the run's costs."""
+    lengths = {kind: [span.end - span.start for rank in ranks for span in rank.spans
+                      if span.kind == kind and span.step in measured] for kind in COMPUTE}
+    return {kind: 1e3 * sum(times) / len(times) for kind, times in lengths.items() if times}
+
+
+def _replayed(args, ranks, step, span_ms):
+    """Each rank's bubble if every pipeline ran the order its ranks computed in `step`, with every
+    span of a kind taking span_ms[kind]. Stages are ordered by their first layer."""
+    import replay  # here, not at the top: replay imports common, which imports the harness
+
+    bubbles, block, shards = [0.0] * len(ranks), len(ranks) // args.data_parallel, args.tensor_parallel
+    for members in [_pipeline(args, len(ranks), first) for first in range(len(ranks)) if first % block < shards]:
+        pipeline = ranks[members]
+        schedules = [[(span.kind, span.chunk, span.micro_batch) for span in sorted(rank.spans, key=lambda s: s.start)
+                      if span.step == step and span.kind in COMPUTE] for rank in pipeline]
+        firsts = sorted(first for rank in pipeline for first, _ in rank.layers)
+        stages = {(rank, chunk): firsts.index(first)
+                  for rank, records in enumerate(pipeline) for chunk, (first, _) in enumerate(records.layers)}
+        starts = replay.replay(schedules, lambda rank, chunk: stages[rank, chunk], len(firsts),
+                               duration=lambda kind: span_ms[kind])
+        length = max(starts[stages[rank, chunk], kind, micro_batch] + span_ms[kind]
+                     for rank, schedule in enumerate(schedules) for kind, chunk, micro_batch in schedule)
+        bubbles[members] = [1 - sum(span_ms[kind] for kind, _, _ in schedule) / length for schedule in schedules]
+    return bubbles
+
+
+def _sends_before_receive(ranks, measured):
+    """Per rank, how many of its sends in the measured steps were posted before their receive. A send
+    is matched with its receive by sender, receiver, tag and order, as gloo matches them."""
+    queues = {}
+    for rank, records in enumerate(ranks):
+        for post in records.posts:
+            if post.step in measured:
+                sender, receiver = (rank, post.peer) if post.is_send else (post.peer, rank)
+                queues.setdefault((post.step, sender, receiver, post.tag, post.is_send), []).append(post.time)
+    early = [0] * len(ranks)
+    for (step, sender, receiver, tag, is_send), times in queues.items():
+        if is_send:
+            receives = queues.get((step, sender, receiver, tag, False), [])
+            early[sender] += sum(sent < received for sent, received in zip(times, receives))
+    return early
+
+
+def _table(summary, layers):
+    """A row per rank (layers: each rank's chunks' [first, last]), then the run's lines."""
+    header = ("rank", "layers", "compute ms", "idle ms", "bubble", "theory", "in flight", "theory", "activations",
+              "held") + ("all-reduce", "hidden") * ("allreduce_ms" in summary)  # ms each
+    header += ("TP",) * ("tp_allreduce_ms" in summary) + ("params", "theory") * ("expected_parameter_bytes" in summary)
+    lines = [" ".join(f"{h:>11}" for h in header)]
+    for rank in range(summary["world_size"]):
+        lines.append(" ".join(f"{v:>11}" for v in (
+            rank, ",".join(f"{first}-{last - 1}" for first, last in layers[rank]),
+            f"{summary['compute_ms'][rank]:.1f}", f"{summary['idle_ms'][rank]:.1f}",
+            f"{summary['bubble_per_rank'][rank]:.3f}", f"{summary['bubble_theory']:.3f}",
+            summary["peak_inflight_microbatches"][rank], summary["expected_inflight_microbatches"][rank],
+            _bytes(summary["peak_activation_bytes"][rank]), _bytes(summary["peak_held_bytes"][rank]),
+            *(f"{summary[key][rank]:.1f}" for key in ("allreduce_ms", "allreduce_hidden_ms", "tp_allreduce_ms")
+              if key in summary),
+            *(summary[key][rank] for key in ("parameter_bytes", "expected_parameter_bytes")
+              if "expected_parameter_bytes" in summary))))
+    if "cuda_max_memory_allocated" in summary:
+        lines.append("torch.cuda.max_memory_allocated per rank: " +
+                     ", ".join(_bytes(b) for b in summary["cuda_max_memory_allocated"]))
+    lines.append(f"step time (median) {summary['step_ms_median']:.1f} ms, bubble {summary['bubble_measured']:.3f} "
+                 f"measured (mean over ranks), {summary['bubble_theory']:.3f} in theory; busiest rank "
+                 f"{summary['busiest_rank']}: {summary['bubble_busiest']:.3f}")
+    if "allreduce_ms" in summary:
+        lines.append("all-reduce: ms a step from the start of the rank's gradient all-reduce to its end; hidden: "
+                     "the part of it within its pipeline's span (the first forward to the last computation)")
+    if "expected_parameter_bytes" in summary:  # 08
+        lines.append("TP: ms a step in the shards' all-reduces and gathers (within F and B); params: the bytes of the "
+                     "rank's parameters, beside the theory (each cut block's 1/t)")
+    costs = ", ".join(f"{pictures.LETTERS[kind]} {ms:.2f}" for kind, ms in summary["span_ms"].items())
+    lines.append(f"at this run's mean span times ({costs} ms) the theory is {summary['bubble_at_costs']:.3f}")
+    lines.append(f"sends posted before their receive, per rank: {summary['sends_before_receive']} (gloo parks such a "
+                 "send and moves it later on a background thread, which needs a free core)")
+    if summary["pace_ms"]:
+        lines.append(f"--pace {summary['pace_ms']:g}: every computation padded to {summary['pace_ms']:g} ms"
+                     + (f"; {summary['paced_overruns']} took longer" if summary["paced_overruns"] else ""))
+    if summary["recompute"]:
+        lines.append("--recompute: from F to B a micro-batch keeps only its stage's input; B runs the forward again")
+    if "step_ms_median_bare" in summary:
+        instrumented, bare = summary["step_ms_median"], summary["step_ms_median_bare"]
+        lines.append(f"--overhead: {instrumented:.1f} ms a step instrumented (even steps), {bare:.1f} ms bare "
+                     f"(odd steps), medians: {100 * (instrumented / bare - 1):+.1f}%")
+    return "\n".join(lines)
+
+
+def _bytes(count):
+    return f"{count / 2**20:.2f} MiB"
