@@ -1,25 +1,15 @@
-"""The rules that keep the point-to-point helpers' promises. A reader of 01-03 can skip this file.
+"""The rules that keep the point-to-point helpers' promises, each named, with the test that checks it
+(test_guarantees.py breaks each through its name). A reader of 01-03 can skip this file.
 
-common.post() calls each rule by name. What each guarantees, and where the suite checks it (each rule,
-replaced through its name, makes its check fail: test_guarantees.py):
-
-release_on_arrival  a tensor from a peer proves the peer posted its receive of everything we sent it up
-    to the group that receives it (every rank posts its half of each exchange in the same order, as NCCL
-    needs): those sends are let go, their buffers freed.  test_measurements.py::test_memory_follows_inflight
-hold_back  --sync-sends, NCCL's stream order: a rank's groups run one after another and a send is done
-    once received, so a send or a receive posted earlier and not yet done holds back the next group.
-    test_failures.py::test_sync_sends_catches_a_deadlock (two neighbours that both send first) and
-    ::test_sync_sends_catches_a_receive_posted_too_early
-wire_tag  --sync-sends: NCCL ignores tags, so every tag is 0 and receives match by order, as there.
-                                                                  test_guarantees.py::test_wire_tag
-stay_local  a link of a rank to itself (a world of one with chunks, the V's bottom rank) stays in
-    memory: gloo cannot send to itself.                     test_zbv.py::test_matches_baseline
-wait  a wait that fails is one sentence naming the rank waited for, within --timeout.
-                                                     test_failures.py::test_stuck_rank_times_out
+release_on_arrival  a send is let go once a tensor from its peer proves it arrived (test_memory_follows_inflight)
+hold_back   --sync-sends runs a rank's groups one after another, as NCCL does (test_sync_sends_catches_a_*)
+wire_tag    --sync-sends matches receives by order alone, as NCCL does (test_guarantees.py::test_wire_tag)
+stay_local  a link of a rank to itself stays in memory: gloo cannot send to itself (test_zbv.py's world of one)
+wait        a failed wait is one sentence naming the rank waited for (test_stuck_rank_times_out)
 """
 
+import collections
 import dataclasses
-from typing import NamedTuple
 
 import torch.distributed as dist
 
@@ -33,19 +23,14 @@ unwaited = []  # receives (Messages) posted and not yet waited for
 local = {}  # tag -> tensor: sent from one of this rank's chunks to another
 
 
-class Link(NamedTuple):
-    """Where one tensor travels: the peer (a rank of the world), the tag that names it on the wire."""
-    peer: int
-    tag: int
-    micro_batch: int
-    chunk: int  # this rank's model chunk that sends or receives it
-    is_gradient: bool
+# Where one tensor travels: the peer (a rank of the world), the tag that names it on the wire, and what it
+# is (chunk: this rank's model chunk that sends or receives it).
+Link = collections.namedtuple("Link", "peer tag micro_batch chunk is_gradient")
 
 
 def tag(micro_batch, boundary, is_gradient, num_stages):
     """A tensor's name on the wire: its micro-batch, the boundary it crosses (between stages b and b + 1)
-    and its direction. gloo matches a receive to a send by peer and tag, so a receive gets only the tensor
-    it was posted for, even when one peer sends both kinds (interleaving on two ranks)."""
+    and its direction, so that gloo gives a receive only its own tensor, when a peer sends both kinds."""
     return (micro_batch * num_stages + boundary) * 2 + is_gradient
 
 
@@ -73,8 +58,8 @@ def posted(messages, requests):
 
 
 def release_on_arrival(arrival):
-    """The peer sent this tensor after posting its receive of each tensor we sent it, up to the group that
-    receives this one: let go of those sends."""
+    """Every rank posts its half of each exchange in the same order (as NCCL needs), so the peer sent this
+    tensor after posting its receive of all we sent it up to the group that receives this: let go of those."""
     for link in [link for link, message in in_transit.items()
                  if link.peer == arrival.link.peer and message.group <= arrival.group]:
         release(link)
