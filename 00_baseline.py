@@ -19,12 +19,20 @@ model = build_stage(args, rank, world_size, device)  # in a world of one, the on
 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
 
+def forward_pass(inputs, labels):
+    """The whole model's forward, and the loss."""
+    # sum / batch_size is the batch mean; the pipelines add up per-micro-batch shares of it
+    return F.cross_entropy(model(inputs), labels, reduction="sum") / args.batch_size
+
+
 def train_step(inputs, labels):
-    """Forward the whole batch through the whole model, then backward."""
-    with record("forward", 0):
-        # sum / batch_size is the batch mean; the pipelines add up per-micro-batch shares of it
-        loss = F.cross_entropy(model(inputs), labels, reduction="sum") / args.batch_size
+    """Forward the whole batch through the whole model, then backward. With --recompute the forward runs
+    under no_grad, saving nothing, and the backward runs it again."""
+    with record("forward", 0), torch.set_grad_enabled(not args.recompute):
+        loss = forward_pass(inputs, labels)
     with record("backward", 0):
+        if args.recompute:  # the forward again: its activations live for this backward only
+            loss = forward_pass(inputs, labels)
         loss.backward()
     return loss.detach()
 

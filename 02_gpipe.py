@@ -33,19 +33,26 @@ stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
 
 
-def forward_step(micro_batch, input_tensor, inputs, labels):
+def forward_pass(stage, input_tensor, inputs, labels):
     """This stage's forward; on the last stage, the loss."""
-    with record("forward", micro_batch):
-        output_tensor = stage(inputs if stage.is_first else input_tensor)
-        if stage.is_last:
-            # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
-            output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
+    output_tensor = stage(inputs if stage.is_first else input_tensor)
+    if stage.is_last:
+        # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
+        output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
     return output_tensor
 
 
-def backward_step(micro_batch, input_tensor, output_tensor, grad_output):
+def forward_step(micro_batch, input_tensor, inputs, labels):
+    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and the backward runs it again."""
+    with record("forward", micro_batch), torch.set_grad_enabled(not args.recompute):
+        return forward_pass(stage, input_tensor, inputs, labels)
+
+
+def backward_step(micro_batch, input_tensor, output_tensor, grad_output, inputs, labels):
     """Backpropagate through this stage; return the gradient for the previous stage."""
     with record("backward", micro_batch):
+        if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
+            output_tensor = forward_pass(stage, input_tensor, inputs, labels)
         torch.autograd.backward(output_tensor, grad_tensors=grad_output)  # grad_output is None for the loss
     return None if input_tensor is None else input_tensor.grad
 
@@ -59,13 +66,13 @@ def train_step(inputs, labels):
     def forward(i, input_tensor):
         output_tensor = forward_step(i, input_tensor, *micro_batches[i])
         input_tensors.append(input_tensor)
-        output_tensors.append(output_tensor)
+        output_tensors.append(None if args.recompute else output_tensor)  # --recompute: backward makes it again
         if stage.is_last:
             losses.append(output_tensor.detach())
         return output_tensor
 
     def backward(i, grad_output):
-        return backward_step(i, input_tensors.pop(), output_tensors.pop(), grad_output)
+        return backward_step(i, input_tensors.pop(), output_tensors.pop(), grad_output, *micro_batches[i])
 
     for i in range(args.micro_batches):
         input_tensor = recv_forward(i, shapes[i])  # None on the first stage

@@ -52,20 +52,28 @@ def get_num_warmup_microbatches(rank):
     return min((num_chunks - 1) * num_ranks + 2 * (num_ranks - rank - 1), num_microbatches)
 
 
-def forward_step(micro_batch, chunk, input_tensor, inputs, labels):
+def forward_pass(stage, input_tensor, inputs, labels):
     """This stage's forward; on the last stage, the loss."""
-    stage = stages[chunk]
-    with record("forward", micro_batch, chunk):
-        output_tensor = stage(inputs if stage.is_first else input_tensor)
-        if stage.is_last:
-            # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
-            output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
+    output_tensor = stage(inputs if stage.is_first else input_tensor)
+    if stage.is_last:
+        # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
+        output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
     return output_tensor
 
 
-def backward_step(micro_batch, chunk, input_tensor, output_tensor, grad_output):
+def forward_step(micro_batch, chunk, input_tensor, inputs, labels):
+    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and the backward runs it again."""
+    stage = stages[chunk]
+    with record("forward", micro_batch, chunk), torch.set_grad_enabled(not args.recompute):
+        return forward_pass(stage, input_tensor, inputs, labels)
+
+
+def backward_step(micro_batch, chunk, input_tensor, output_tensor, grad_output, inputs, labels):
     """Backpropagate through this stage; return the gradient for the previous stage."""
+    stage = stages[chunk]
     with record("backward", micro_batch, chunk):
+        if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
+            output_tensor = forward_pass(stage, input_tensor, inputs, labels)
         torch.autograd.backward(output_tensor, grad_tensors=grad_output)  # grad_output is None for the loss
     return None if input_tensor is None else input_tensor.grad
 
@@ -82,7 +90,7 @@ def train_step(inputs, labels):
             return None
         output_tensor = forward_step(micro_batch, chunk, input_tensor, *micro_batches[micro_batch])
         input_tensors[chunk].append(input_tensor)
-        output_tensors[chunk].append(output_tensor)
+        output_tensors[chunk].append(None if args.recompute else output_tensor)  # --recompute: backward makes it again
         if stages[chunk].is_last:
             losses.append(output_tensor.detach())
         return output_tensor
@@ -91,7 +99,8 @@ def train_step(inputs, labels):
         micro_batch, chunk = get_microbatch_id(i), get_model_chunk_id(i, forward=False)
         if micro_batch >= args.micro_batches:  # a hole
             return None
-        return backward_step(micro_batch, chunk, input_tensors[chunk].pop(0), output_tensors[chunk].pop(0), grad_output)
+        return backward_step(micro_batch, chunk, input_tensors[chunk].pop(0), output_tensors[chunk].pop(0), grad_output,
+                             *micro_batches[micro_batch])
 
     def post_ring(k, output_tensor, forward):
         """One group one way round the ring: the k-th forward's (or backward's) output and the next one's input."""

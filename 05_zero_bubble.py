@@ -41,9 +41,10 @@ noted = []  # (Linear, its input, its output's gradient edge) for each Linear th
 
 
 def note(linear, inputs, output):
-    """Forward hook: W will need the input (detached: kept past B, it must not keep the graph alive);
-    B stops at the output and hands W its gradient."""
-    noted.append((linear, inputs[0].detach(), torch.autograd.graph.get_gradient_edge(output)))
+    """Forward hook: W will need the input (detached: kept past B, it must not keep the graph alive), held from
+    now on; B stops at the output and hands W its gradient. Under no_grad (--recompute's F) nothing to note."""
+    if torch.is_grad_enabled():
+        noted.append((linear, track(inputs[0].detach()), torch.autograd.graph.get_gradient_edge(output)))
 
 
 for module in stage.modules():
@@ -51,24 +52,33 @@ for module in stage.modules():
         module.register_forward_hook(note)
 
 
-def forward_step(micro_batch, input_tensor, inputs, labels):
+def forward_pass(stage, input_tensor, inputs, labels):
     """This stage's forward; on the last stage, the loss."""
-    with record("forward", micro_batch):
-        output_tensor = stage(inputs if stage.is_first else input_tensor)
-        if stage.is_last:
-            # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
-            output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
+    output_tensor = stage(inputs if stage.is_first else input_tensor)
+    if stage.is_last:
+        # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
+        output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
     return output_tensor
 
 
-def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, chunk=0):
+def forward_step(micro_batch, input_tensor, inputs, labels):
+    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and the backward runs it again."""
+    with record("forward", micro_batch), torch.set_grad_enabled(not args.recompute):
+        return forward_pass(stage, input_tensor, inputs, labels)
+
+
+def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels, chunk=0):
     """B: backpropagate to this stage's input and to each Linear's output, not to the weights;
     return the gradient for the previous stage, and what W needs."""
     with record("backward", micro_batch):
-        inputs = [edge for _, _, edge in linears] + ([] if input_tensor is None else [input_tensor])
-        grads = torch.autograd.grad(output_tensor, inputs, grad_outputs=grad_output)  # grad_output is None for the loss
-    # what W needs, counted in the held bytes: each Linear's input and its output's gradient
-    weight_work = [(linear, track(x), track(grad)) for (linear, x, _), grad in zip(linears, grads)]
+        if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
+            output_tensor = forward_pass(stage, input_tensor, inputs, labels)
+            linears = noted.copy()  # and W's inputs with it, not kept from F: they would keep every activation
+            noted.clear()
+        edges = [edge for _, _, edge in linears] + ([] if input_tensor is None else [input_tensor])
+        grads = torch.autograd.grad(output_tensor, edges, grad_outputs=grad_output)  # grad_output is None for the loss
+    # what W needs: each Linear's input, held since the hook noted it, and its output's gradient, held from now on
+    weight_work = [(linear, x, track(grad)) for (linear, x, _), grad in zip(linears, grads)]
     return (None if input_tensor is None else grads[-1]), weight_work
 
 
@@ -92,7 +102,7 @@ def train_step(inputs, labels):
     def forward(i, input_tensor):
         output_tensor = forward_step(i, input_tensor, *micro_batches[i])
         input_tensors.append(input_tensor)
-        output_tensors.append(output_tensor)
+        output_tensors.append(None if args.recompute else output_tensor)  # --recompute: backward makes it again
         linear_notes.append(noted.copy())  # what the hooks noted during this forward
         noted.clear()
         if stage.is_last:
@@ -101,7 +111,7 @@ def train_step(inputs, labels):
 
     def backward(i, grad_output):
         grad_input, weight_work = backward_step(i, input_tensors.pop(0), output_tensors.pop(0), grad_output,
-                                                linear_notes.pop(0))
+                                                linear_notes.pop(0), *micro_batches[i])
         weight_works.append((i, weight_work))
         return grad_input
 
@@ -113,9 +123,7 @@ def train_step(inputs, labels):
     # Stage r runs n - r - 1 forwards ahead of its first backward (all of them if m is smaller).
     num_warmup_microbatches = min(num_stages - rank - 1, args.micro_batches)
     num_microbatches_remaining = args.micro_batches - num_warmup_microbatches
-    # W runs `rank` micro-batches behind B: stage r's last B ends r slots before stage 0's, and the
-    # W's it kept back fill them.
-    num_deferred_weights = rank
+    num_deferred_weights = rank  # W runs r behind B: stage r's B's end r slots before stage 0's, its W's fill them
 
     for i in range(num_warmup_microbatches):  # warm-up: forwards only
         input_tensor = recv_forward(i, shapes[i])  # None on the first stage
@@ -158,7 +166,6 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
-# in flight from F to W: 1F1B's n - r micro-batches, and the `rank` more whose W is deferred
 n, m = num_stages, args.micro_batches
-report(args, [stage], expected_inflight=lambda rank: min(n, m),
+report(args, [stage], expected_inflight=lambda rank: min(n, m),  # from F to W: 1F1B's n - r, and r W's deferred
        bubble_theory=1 - 3 * m / max(3 * m + n - 1, 2 * m + 2 * n - 1))  # equal F, B, W; see the README

@@ -36,9 +36,10 @@ noted = []  # (Linear, its input, its output's gradient edge) for each Linear th
 
 
 def note(linear, inputs, output):
-    """Forward hook: W will need the input (detached: kept past B, it must not keep the graph alive);
-    B stops at the output and hands W its gradient."""
-    noted.append((linear, inputs[0].detach(), torch.autograd.graph.get_gradient_edge(output)))
+    """Forward hook: W will need the input (detached: kept past B, it must not keep the graph alive), held from
+    now on; B stops at the output and hands W its gradient. Under no_grad (--recompute's F) nothing to note."""
+    if torch.is_grad_enabled():
+        noted.append((linear, track(inputs[0].detach()), torch.autograd.graph.get_gradient_edge(output)))
 
 
 for module in (module for stage in stages for module in stage.modules()):
@@ -46,25 +47,35 @@ for module in (module for stage in stages for module in stage.modules()):
         module.register_forward_hook(note)
 
 
-def forward_step(micro_batch, chunk, input_tensor, inputs, labels):
+def forward_pass(stage, input_tensor, inputs, labels):
     """This stage's forward; on the last stage, the loss."""
-    stage = stages[chunk]
-    with record("forward", micro_batch, chunk):
-        output_tensor = stage(inputs if stage.is_first else input_tensor)
-        if stage.is_last:
-            # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
-            output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
+    output_tensor = stage(inputs if stage.is_first else input_tensor)
+    if stage.is_last:
+        # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
+        output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
     return output_tensor
 
 
-def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, chunk=0):
+def forward_step(micro_batch, chunk, input_tensor, inputs, labels):
+    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and the backward runs it again."""
+    stage = stages[chunk]
+    with record("forward", micro_batch, chunk), torch.set_grad_enabled(not args.recompute):
+        return forward_pass(stage, input_tensor, inputs, labels)
+
+
+def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels, chunk=0):
     """B: backpropagate to this stage's input and to each Linear's output, not to the weights;
     return the gradient for the previous stage, and what W needs."""
+    stage = stages[chunk]
     with record("backward", micro_batch, chunk):
-        inputs = [edge for _, _, edge in linears] + ([] if input_tensor is None else [input_tensor])
-        grads = torch.autograd.grad(output_tensor, inputs, grad_outputs=grad_output)  # grad_output is None for the loss
-    # what W needs, counted in the held bytes: each Linear's input and its output's gradient
-    weight_work = [(linear, track(x), track(grad)) for (linear, x, _), grad in zip(linears, grads)]
+        if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
+            output_tensor = forward_pass(stage, input_tensor, inputs, labels)
+            linears = noted.copy()  # and W's inputs with it, not kept from F: they would keep every activation
+            noted.clear()
+        edges = [edge for _, _, edge in linears] + ([] if input_tensor is None else [input_tensor])
+        grads = torch.autograd.grad(output_tensor, edges, grad_outputs=grad_output)  # grad_output is None for the loss
+    # what W needs: each Linear's input, held since the hook noted it, and its output's gradient, held from now on
+    weight_work = [(linear, x, track(grad)) for (linear, x, _), grad in zip(linears, grads)]
     return (None if input_tensor is None else grads[-1]), weight_work
 
 
@@ -105,7 +116,7 @@ def train_step(inputs, labels):
     def forward(chunk, i, input_tensor):
         output_tensor = forward_step(i, chunk, input_tensor, *micro_batches[i])
         input_tensors[chunk].append(input_tensor)
-        output_tensors[chunk].append(output_tensor)
+        output_tensors[chunk].append(None if args.recompute else output_tensor)  # --recompute: backward makes it again
         linear_notes[chunk].append(noted.copy())  # what the hooks noted during this forward
         noted.clear()
         if stages[chunk].is_last:
@@ -114,7 +125,7 @@ def train_step(inputs, labels):
 
     def backward(chunk, i, grad_output):
         grad_input, weight_work = backward_step(i, input_tensors[chunk].pop(0), output_tensors[chunk].pop(0),
-                                                grad_output, linear_notes[chunk].pop(0), chunk)
+                                                grad_output, linear_notes[chunk].pop(0), *micro_batches[i], chunk)
         weight_works[chunk].append((i, weight_work, chunk))
         return grad_input
 

@@ -24,18 +24,18 @@ NUM_CLASSES = 10
 
 # _placement: where a rank's chunks sit, chunk c of rank r being stage c n + r ("loop"), or r and 2n - 1 - r ("v")
 _rank, _num_ranks, _device, _dtype, _placement = 0, 1, torch.device("cpu"), torch.float32, "loop"
-# 07: the world as pipelines side by side, named axes "dp" (which pipeline) and "pp" (which stage); the group
-# the helpers send and receive in, this rank's pipeline (else the world)
+# 07: the world as pipelines side by side, named axes "dp" (which pipeline) and "pp" (which stage), and in 08
+# "tp" (which shard of the stage); the group the helpers send and receive in, this rank's pipeline (else the world)
 _mesh, _group = None, None
 
 
-def setup(args, placement="loop", data_parallel=False):
+def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
     """Join the process group torchrun describes (a world of one without torchrun). Returns this
     rank's place in its pipeline, the number of ranks in the pipeline, and the device.
 
     placement: where a rank's chunks sit, chunk c of rank r being stage c n + r ("loop") or r and
     2n - 1 - r ("v"). data_parallel (07): the world is --data-parallel pipelines side by side, and
-    device_mesh() names the two axes."""
+    device_mesh() names the two axes; tensor_parallel (08): each stage is --tensor-parallel shards, a third axis."""
     global _rank, _num_ranks, _device, _dtype, _placement, _mesh, _group
     harness.before_setup(args)  # cores and threads
     timeout, _dtype = datetime.timedelta(seconds=args.timeout), getattr(torch, args.dtype)  # timeout: every wait
@@ -54,17 +54,19 @@ def setup(args, placement="loop", data_parallel=False):
         # New groups wait 30 minutes by default, whatever init_process_group was given: pass --timeout on.
         options = dist.ProcessGroupNCCL.Options() if _device.type == "cuda" else dist.ProcessGroupGloo._Options()
         options._timeout = timeout
-        # Rank = copy * stages + stage: a pipeline's stages are consecutive ranks, a stage's copies
-        # are a pipeline's length apart.
-        _mesh = init_device_mesh(_device.type, (args.data_parallel, _num_ranks // args.data_parallel),
-                                 mesh_dim_names=("dp", "pp"), backend_override={"dp": options, "pp": options})
+        # Rank = (copy * stages + stage) * shards + shard: a stage's shards are neighbouring ranks, a pipeline's
+        # stages are a stage's shards apart, a stage's copies a pipeline's ranks apart (07: shards = 1).
+        sizes = {"dp": args.data_parallel, "pp": _num_ranks // args.data_parallel // args.tensor_parallel}
+        sizes.update({"tp": args.tensor_parallel} if tensor_parallel else {})
+        _mesh = init_device_mesh(_device.type, tuple(sizes.values()), mesh_dim_names=tuple(sizes),
+                                 backend_override=dict.fromkeys(sizes, options))
         _group, _rank, _num_ranks = _mesh.get_group("pp"), _mesh.get_local_rank("pp"), _mesh.size(1)
     return _rank, _num_ranks, _device
 
 
 def device_mesh():
     """The grid setup(args, data_parallel=True) built: mesh["pp"] is this rank's pipeline, mesh["dp"]
-    the copies of its stage, one in each pipeline."""
+    the copies of its stage, one in each pipeline, and in 08 mesh["tp"] the shards of its stage."""
     return _mesh
 
 

@@ -8,9 +8,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _ComputationType
+
+from replay import replay
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # 7 layers: not divisible by 2, 3 or 4 ranks. 10 samples: 3, 4 and 7 micro-batches do not divide it.
@@ -330,3 +334,149 @@ def recv_backward(micro_batch, shape, chunk=0):
 
 common.send_forward, common.recv_backward = send_forward, recv_backward
 """
+
+
+def pytorch_order(n, m, rank):
+    """Rank's computations as PyTorch's ScheduleZBVZeroBubble orders them, (kind, chunk, micro-batch)."""
+    kinds = {_ComputationType.FORWARD: "forward", _ComputationType.BACKWARD_INPUT: "backward",
+             _ComputationType.BACKWARD_WEIGHT: "weight"}
+    schedule = SimpleNamespace(pp_group_size=n, _n_microbatches=m, num_stages=2 * n)
+    actions = ScheduleZBVZeroBubble._calculate_single_rank_operations(schedule, rank)
+    return [(kinds[a.computation_type], int(a.stage_index != rank), a.microbatch_index) for a in actions if a]
+
+
+def held_theory(script, n, m, blocks, rows, hidden, recompute=False):
+    """Each rank's peak held bytes (docs/design.md, *Memory* and *Recomputation*), in units of one micro-batch's
+    rows x hidden activation, for 02, 03 and 05 with m > n and `blocks` = L >= 2 blocks a stage, and for 06
+    (blocks a chunk) counted over the V's order. A micro-batch in flight holds from F to B its input and its
+    blocks' ReLU outputs, L + 1 units, or with --recompute its input alone (rank 0's input is a slice of the
+    batch, counted only while autograd or W keeps it), and during its B the recomputed L; from B to W (05) each
+    Linear's input and output gradient, 2L. Those in transit are the tensors the loop's variables keep (a
+    gradient received, an activation and a gradient sent, until the next iteration) and, in GPipe, the
+    activations sent, let go of once the first gradient is back. The last stage adds its loss's saved tensors,
+    `extra` (rows x 10 log-probabilities, the rows' labels, a total weight), and W the head's gradient, `head`."""
+    extra, head = (11 * rows + 1) / (rows * hidden), 10 / hidden
+    if script == "06_zbv.py":
+        return _zbv_held(n, m, blocks, head, recompute)
+    L, peaks = blocks, []
+    for rank in range(n):
+        first, last, in_flight = rank == 0, rank == n - 1, min(n - rank, m)
+        if script == "02_gpipe.py" and recompute:  # at the first gradient's receive: m inputs, m activations sent
+            peak = m + L + 1 + extra if last else m + 1 if first else 2 * m + 1
+        elif script == "02_gpipe.py":
+            peak = m * (L + 1 + extra) if last else m * (L + 1) + 1
+        elif script == "03_1f1b.py":  # in a B; in transit: the gradient received, the activation and gradient sent
+            transit = 2 if first else 1 if last else 3
+            if recompute:  # the inputs in flight (on rank 0 the one recomputed), the recomputed L
+                peak = (1 if first else in_flight) + L + transit + extra * last
+            else:  # the activation sent is a saved output; the last rank's previous input lives on in its loss's graph
+                peak = in_flight * (L + 1) + transit + (extra + 1) * last
+        elif last:  # 05: n W's pending, the gradient sent and the next input received, with or without --recompute
+            peak = n * (2 * L + 1 + head) + 2
+        else:  # 05, in a B: the r W's pending and its own (its 2L, and its output a moment more), the inputs waiting
+            # for their B; in transit a gradient received (and one sent) and, with --recompute, the activation sent
+            waiting = (n - rank - 1) * ((0 if first else 1) if recompute else L + 1)
+            peak = waiting + 2 * L * (rank + 1) + 1 + (1 if first else 2) + recompute
+        peaks.append(peak)
+    return peaks
+
+
+def _zbv_held(n, m, blocks, head, recompute):
+    """06's peaks, over the V's order at one unit per computation (README, *ZB-V*, held bytes). A chunk holds
+    its input and its blocks' outputs from F to B (with --recompute its input alone, and the recomputed
+    outputs during B), and its Linears' inputs and output gradients from B to W; B keeps those gradients a
+    moment before autograd lets go of the rest. A tensor between two ranks is held by its receiver from the
+    moment it is made, and by its sender (a gradient; with --recompute an activation too, which no longer is a
+    saved output) until it is used or, sooner, until the sender uses a tensor from that peer made no earlier
+    than it (guarantees.release_on_arrival); the loop's `result` keeps the last F's or B's until the next ends.
+    `head`: the last stage's rows x 10 log-probabilities (F to B) and their gradient (B to W)."""
+    num_stages = 2 * n
+    stage_of = lambda rank, chunk: (rank, num_stages - 1 - rank)[chunk]  # noqa: E731
+    rank_of = lambda stage: min(stage, num_stages - 1 - stage)  # noqa: E731
+    schedules = [pytorch_order(n, m, rank) for rank in range(n)]
+    starts = replay(schedules, stage_of, num_stages)
+    events = [[] for _ in range(n)]  # per rank: (time, order within the moment, what, stage, micro-batch)
+    for rank, schedule in enumerate(schedules):
+        for kind, chunk, i in schedule:
+            stage = stage_of(rank, chunk)
+            events[rank].append((starts[stage, kind, i], 1, kind, stage, i))
+            user = {"forward": stage + 1, "backward": stage - 1}.get(kind, -1)
+            if 0 <= user < num_stages and rank_of(user) != rank:
+                events[rank_of(user)].append((starts[stage, kind, i] + 1, 0, "arrive " + kind, user, i))
+            if 0 <= user < num_stages:  # the sender lets go of it (a chunk of its own: its receive takes it)
+                events[rank].append((starts[user, kind, i], 2, "used " + kind, stage, i))
+    peaks = []
+    for rank in range(n):
+        holders, sizes = {}, {}  # tensor -> who holds it (its bytes count while anyone does), its size
+
+        def hold(tensor, who, size=1.0):
+            holders.setdefault(tensor, set()).add(who)
+            sizes[tensor] = size
+
+        def drop(tensor, who):
+            holders.get(tensor, set()).discard(who)
+
+        held = lambda: sum(sizes[tensor] for tensor, who in holders.items() if who)  # noqa: E731
+        peak, sent, result = 0.0, [], None  # sent: (tensor, its peer, the moment it was made)
+        for _, _, what, stage, i in sorted(events[rank], key=lambda event: event[:2]):
+            source = {"forward": stage - 1, "backward": stage + 1}.get(what, -1)  # where a computation's input is from
+            if 0 <= source < num_stages and rank_of(source) != rank:  # waited for: lets go of the older sends there
+                made = starts[source, what, i] + 1
+                for tensor, peer, when in sent:
+                    if peer == rank_of(source) and when <= made:
+                        drop(tensor, "transit")
+            # a stage's input: the data, its own rank's previous chunk's output, or a received tensor
+            given = ("data", i) if stage == 0 else ("out", stage - 1, i) if rank_of(stage - 1) == rank \
+                else ("in", stage, i)
+            made_in = "again" if recompute else "out"  # --recompute: B makes the outputs again, new tensors
+            outputs = [(made_in, stage, i, block) for block in range(1, blocks)] + [(made_in, stage, i)]
+            if what == "arrive forward":
+                hold(("in", stage, i), "transit")
+            elif what == "arrive backward":
+                hold(("grad", stage + 1, i), "transit")
+            elif what == "forward" and recompute:
+                if stage > 0:
+                    hold(given, ("F", stage, i))
+                if stage < num_stages - 1:  # sent, or handed to this rank's other chunk
+                    hold(("out", stage, i), "transit")
+                    sent.append((("out", stage, i), rank_of(stage + 1), starts[stage, "forward", i] + 1))
+                drop(given, "transit")
+            elif what == "forward":
+                for tensor in [given] + outputs:
+                    hold(tensor, ("F", stage, i))
+                drop(given, "transit")
+                if stage == num_stages - 1:
+                    hold(("log-probabilities", i), ("F", stage, i), head)
+            elif what == "backward":
+                if recompute:  # the forward again: B holds what F held without the flag
+                    for tensor in [given] + outputs:
+                        hold(tensor, ("F", stage, i))
+                    if stage == num_stages - 1:
+                        hold(("log-probabilities", i), ("F", stage, i), head)
+                inputs = [given] + outputs[:-1] + ([outputs[-1]] if stage == num_stages - 1 else [])
+                for tensor in inputs + [("grad", stage, i, block) for block in range(blocks)]:
+                    hold(tensor, ("W", stage, i))
+                if stage == num_stages - 1:
+                    hold(("grad of log-probabilities", i), ("W", stage, i), head)
+                peak = max(peak, held())
+                for tensor in [given] + outputs + [("log-probabilities", i), ("grad", stage + 1, i)]:
+                    drop(tensor, ("F", stage, i))
+                    drop(tensor, "transit")
+                if stage > 0:
+                    hold(("grad", stage, i), "transit")  # to the previous stage
+                    sent.append((("grad", stage, i), rank_of(stage - 1), starts[stage, "backward", i] + 1))
+            elif what == "weight":
+                for tensor in holders:
+                    drop(tensor, ("W", stage, i))
+            elif what == "used backward":
+                drop(("grad", stage, i), "transit")
+            elif what == "used forward":
+                drop(("out", stage, i), "transit")
+            if what in ("forward", "backward"):  # the new result replaces the last one in the loop's `result`
+                drop(result, "result")
+                result = ("out", stage, i) if what == "forward" else ("grad", stage, i)
+                if (stage < num_stages - 1) if what == "forward" else (stage > 0):  # not the loss, nor nothing
+                    hold(result, "result")
+            peak = max(peak, held())
+        peaks.append(peak)
+    return peaks

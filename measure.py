@@ -1,8 +1,9 @@
 """Rerun every measured table and picture that the README and docs/ show, one run at a time, and
 write docs/measured.md and img/*.svg. Run it on an otherwise idle machine.
 
-    python measure.py                                # about 11 minutes on 2 cores
+    python measure.py                                # about 14 minutes on 2 cores
     python measure.py --quick --out /tmp/rehearsal   # every run at its smallest, one round: a rehearsal
+    python measure.py --recompute-rounds 0           # without --recompute's 8 rounds of step times (2.5 minutes)
 
 Each run goes through torchrun and prints one JSON summary line (--json), which is all this reads.
 """
@@ -18,10 +19,14 @@ import sys
 import tempfile
 import time
 
+from conftest import held_theory
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--quick", action="store_true", help="smallest sizes, one round: numbers that mean nothing")
 parser.add_argument("--out", default=HERE, help="where docs/measured.md and img/ go (default: this repository)")
+parser.add_argument("--recompute-rounds", type=int, default=8, metavar="N",
+                    help="rounds of 03 without and with --recompute at the default size (0: leave the section out)")
 args = parser.parse_args()
 for folder in ("docs", "img"):
     os.makedirs(os.path.join(args.out, folder), exist_ok=True)
@@ -41,6 +46,7 @@ if args.quick:
     DEFAULT = "--hidden 32 --batch-size 16 --steps 6"
     PP_DP = PP_DP.replace("--steps 8", "--steps 2").replace("--pace 30", "--pace 10")
     SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = 1
+    args.recompute_rounds = min(args.recompute_rounds, 1)
 
 started = time.time()
 commands = []  # what ran, as a reader would type it, for the section being measured
@@ -99,14 +105,16 @@ def gradient_hop(trace, sender, receiver):
 out = []  # the sections of measured.md, in order
 
 # (1) Paced: every computation padded to the pace, four ranks, the pictures drawn by --svg.
-rows = []
+rows, paced = [], {}
 for name, script, flags, m in [
         ("01 naive", "01_naive", "", 1), ("02 GPipe", "02_gpipe", "--micro-batches 8", 8),
         ("03 1F1B", "03_1f1b", "--micro-batches 8", 8),
         ("04 interleaved, v = 2", "04_interleaved_1f1b", "--micro-batches 8 --virtual-stages 2", 8),
         ("05 ZB-H1", "05_zero_bubble", "--micro-batches 8", 8), ("06 ZB-V", "06_zbv", "--micro-batches 8", 8),
-        ("07, 2 stages x 2 copies", "07_pp_dp", "--micro-batches 4 --data-parallel 2", 4)]:
+        ("07, 2 stages x 2 copies", "07_pp_dp", "--micro-batches 4 --data-parallel 2", 4),
+        ("08, 2 stages x 2 shards", "08_3d", "--micro-batches 4 --tensor-parallel 2", 4)]:
     s = run(f"{script}.py", 4, f"{PACED} {flags} --svg {os.path.join(args.out, 'img', script + '.svg')}")
+    paced[script] = s
     rows.append([name, m, f"{s['bubble_busiest']:.3f}", f"{s['bubble_theory']:.3f}",
                  f"{s['bubble_busiest'] - s['bubble_theory']:+.3f}", s["paced_overruns"],
                  per_rank(s["sends_before_receive"])])
@@ -123,12 +131,12 @@ measured steps (all but the first); overruns are computations that took longer t
 
 # (2) Memory at a small size: exact, whatever the timing.
 unit = 2 * 24 * 8  # one micro-batch: 16 / 8 rows x 24, float64
-rows, largest = [], {}
+rows, largest, memory = [], {}, {}
 for name, script, flags in [("02 GPipe", "02_gpipe", ""), ("03 1F1B", "03_1f1b", ""),
                             ("04 interleaved, v = 2", "04_interleaved_1f1b", "--virtual-stages 2"),
                             ("05 ZB-H1", "05_zero_bubble", ""), ("06 ZB-V", "06_zbv", "")]:
     s = run(f"{script}.py", 4, f"{MEMORY} {flags}")
-    largest[script] = max(s["peak_held_bytes"])
+    largest[script], memory[script] = max(s["peak_held_bytes"]), s
     rows.append([name, per_rank(s["peak_inflight_microbatches"]), per_rank(s["expected_inflight_microbatches"]),
                  per_rank(s["peak_activation_bytes"]), per_rank(s["peak_held_bytes"]),
                  per_rank(f"{held / unit:.2f}" for held in s["peak_held_bytes"]),
@@ -142,6 +150,30 @@ unit is one micro-batch's `2 x 24` float64 tensor, {unit} bytes.
 
 {table(["script", "in flight, ranks 0-3", "theory", "activations (B)", "held (B)", "held (units)",
         "largest held / 03's"], rows)}""")
+
+# (2b) --recompute: the same runs with the flag, each rank's held bytes beside the theory (conftest.held_theory).
+rows = []
+for name, script in [("02 GPipe", "02_gpipe"), ("03 1F1B", "03_1f1b"), ("05 ZB-H1", "05_zero_bubble"),
+                     ("06 ZB-V", "06_zbv")]:
+    blocks = 16 // 4 // (2 if script == "06_zbv" else 1)  # a stage's, or a chunk's, at 16 layers on 4 ranks
+    for flag, s in (("off", memory[script]), ("on", run(f"{script}.py", 4, f"{MEMORY} --recompute"))):
+        theory = held_theory(f"{script}.py", 4, 8, blocks, 2, 24, recompute=flag == "on")
+        rows.append([name, flag, per_rank(f"{held / unit:.2f}" for held in s["peak_held_bytes"]),
+                     per_rank(f"{units:.2f}" for units in theory),
+                     per_rank(f"{saved / unit:.2f}" for saved in s["peak_activation_bytes"]),
+                     f"{max(s['peak_held_bytes']) / max(memory[script]['peak_held_bytes']):.2f}"])
+out.append(f"""## --recompute: memory at the small size
+
+The runs of "Memory at a small size", and the same with `--recompute`, in units of one micro-batch's
+`2 x 24` float64 tensor: each rank's peak held bytes beside the theory (docs/design.md,
+*Recomputation*; `conftest.held_theory`, which the tests hold every rank to), and the peak of what
+autograd saves. With the flag a micro-batch keeps only its stage's input from F to B, and autograd
+saves one micro-batch's activations at a time, in its B.
+
+{ran()}
+
+{table(["script", "--recompute", "held, ranks 0-3", "theory", "activations, ranks 0-3", "largest held / without"],
+       rows)}""")
 
 # (3) Speed: two ranks, the default size, the scripts and PyTorch's own schedules in turn, round by round.
 SPEED_RUNS = [("03 1F1B", "03_1f1b.py", ""), ("04 interleaved, v = 2", "04_interleaved_1f1b.py", "--virtual-stages 2"),
@@ -178,6 +210,32 @@ is what messages and shared cores cost. Spans are the mean forward / backward / 
 {table(["", "step (ms)", "step / 03's", "each round (ms)", "busiest rank's bubble", "theory",
         "theory at its costs", "excess", "spans F / B / W (ms)", "sends before their receive, a step (rank 0 / 1)"],
        rows)}""")
+
+# (3b) --recompute's price in time: 03 on two ranks at the default size, without and with it, round by round.
+if args.recompute_rounds:
+    rounds = []
+    for round_ in range(args.recompute_rounds):  # which of the two runs first alternates
+        pair = {flag: run("03_1f1b.py", 2, f"{SPEED} {SPEED_STEPS} {flag}")
+                for flag in ("", "--recompute")[::1 - 2 * (round_ % 2)]}
+        rounds.append((pair[""], pair["--recompute"]))
+    ratios = [recomputed["step_ms_median"] / plain["step_ms_median"] for plain, recomputed in rounds]
+    spans = lambda s: f"{s['span_ms']['forward']:.1f} / {s['span_ms']['backward']:.1f}"  # noqa: E731
+    rows = [[number + 1, f"{plain['step_ms_median']:.1f}", f"{recomputed['step_ms_median']:.1f}", f"{ratio:.3f}",
+             spans(plain), spans(recomputed)]
+            for number, ((plain, recomputed), ratio) in enumerate(zip(rounds, ratios))]
+    out.append(f"""## --recompute: the step's cost
+
+03 on two ranks at the default size, without and with `--recompute`, in {len(rounds)} rounds, the
+two runs of a round one after the other, which of them first alternating. A B with the flag runs
+its forward again: per micro-batch F + B becomes 2F + B, about 4/3 of it when B takes twice F.
+The step's ratio, with over without: median {median(ratios):.3f}, from {min(ratios):.3f} to
+{max(ratios):.3f}. Steps are each run's median step (the first left out), in ms; spans the mean
+forward / backward.
+
+{ran()}
+
+{table(["round", "step without (ms)", "step with (ms)", "with / without", "F / B without (ms)",
+        "F / B with (ms)"], rows)}""")
 
 # (4) The cost of measuring: --overhead instruments the even steps only.
 rows = []
@@ -238,6 +296,30 @@ micro-batch, in the traces.
 {table(["m", "07's step over 03's, median (range) ms", "first stage's all-reduce, median (range) ms",
         "last stage's all-reduce (ms)", "rounds within the first stage's sum", "rounds with the last stage's hidden",
         "gradient's hop, 07 / 03 (ms)"], rows)}""")
+
+# (7) 08's bytes a step, from its paced run in (1): exact, whatever the timing, beside the README's formulas.
+s, (layers, hidden, batch) = paced["08_3d"], (int(value) for value in PACED.split()[1:6:2])
+stages, shards, m, element = s["world_size"] // s["tensor_parallel"], s["tensor_parallel"], s["num_microbatches"], 4
+rows = []
+for rank in range(s["world_size"]):
+    stage = rank // shards % stages
+    blocks = layers // stages + (stage < layers % stages)
+    collectives = 2 * ((blocks + 1) // 2) - (stage == 0)  # each pair's and odd block's, forward and backward
+    sent = batch * hidden * element * ((stage > 0) + (stage < stages - 1))  # the whole activation and gradient
+    rows.append([rank, stage, rank % shards, f"{s['sent_bytes'][rank]} / {sent}",
+                 f"{s['tp_allreduces'][rank]} / {m * collectives}",
+                 f"{s['tp_allreduce_bytes'][rank]} / {batch * hidden * element * collectives}",
+                 f"{s['tp_allreduce_ms'][rank]:.1f}",
+                 f"{s['parameter_bytes'][rank]} / {s['expected_parameter_bytes'][rank]}"])
+out.append(f"""## 08: the bytes of the third axis
+
+08's paced run in "Paced: each schedule alone" (2 stages x 2 shards, float32, a batch of {batch} rows of width
+{hidden}): per rank and step, the bytes it sent to the next and the previous stage (each shard sends the whole
+activation and the whole gradient), the shards' all-reduces and gathers and the bytes of the tensors they
+made, the ms spent in them (within the padded F and B), and the rank's parameter bytes, each measured / the
+README's formula.
+
+{table(["rank", "stage", "shard", "sent (B)", "TP collectives", "TP bytes", "TP ms", "parameter bytes"], rows)}""")
 
 # The machine, the code, the date: what every figure above depends on.
 with open("/proc/cpuinfo") as file:

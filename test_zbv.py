@@ -2,10 +2,8 @@
 and held-bytes theory, the bubble under pacing against 05's, and bad input in one sentence."""
 
 import sys
-from types import SimpleNamespace
 
 import pytest
-from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _ComputationType
 
 from conftest import (
     MEMORY,
@@ -13,12 +11,13 @@ from conftest import (
     assert_matches,
     assert_one_sentence,
     case_ids,
+    held_theory,
     pipelined,
+    pytorch_order,
     run_quietly,
     size,
     torchrun,
 )
-from replay import replay
 
 SCRIPT = "06_zbv.py"
 PACE = ("--pace", "100")  # ms: 6m + n - 1 paced units, each with about a millisecond of messaging on this machine
@@ -37,15 +36,6 @@ CASES = [
 
 def zbv(runs, world, micro_batches, layers=7, *flags):
     return pipelined(runs, SCRIPT, world, micro_batches, *flags, size=size(layers))
-
-
-def pytorch_order(n, m, rank):
-    """Rank's computations as PyTorch's ScheduleZBVZeroBubble orders them, (kind, chunk, micro-batch)."""
-    kinds = {_ComputationType.FORWARD: "forward", _ComputationType.BACKWARD_INPUT: "backward",
-             _ComputationType.BACKWARD_WEIGHT: "weight"}
-    schedule = SimpleNamespace(pp_group_size=n, _n_microbatches=m, num_stages=2 * n)
-    actions = ScheduleZBVZeroBubble._calculate_single_rank_operations(schedule, rank)
-    return [(kinds[a.computation_type], int(a.stage_index != rank), a.microbatch_index) for a in actions if a]
 
 
 def inflight_theory(n, m, rank):
@@ -90,92 +80,12 @@ def test_schedule_is_pytorchs_zbv(runs, world, micro_batches, layers, flags):
     assert run.summary["bubble_theory"] == pytest.approx(bubble_theory(n, micro_batches))
 
 
-def held_theory(n, m, blocks, head):
-    """Each rank's peak held bytes, in units of one micro-batch's activation (rows x hidden), over the V's
-    order at one unit per computation (README, *ZB-V*, held bytes). A chunk holds its input and its
-    blocks' outputs from F to B, and its Linears' inputs and output gradients from B to W; B keeps
-    those gradients a moment before autograd lets go of the rest. A tensor between two ranks is held by
-    its receiver from the moment it is made, and a gradient also by its sender, until it is used or, sooner,
-    until the sender uses a tensor from that peer made no earlier than it (common.post's release_on_arrival).
-    `head`: the last stage's extra, its rows x 10 log-probabilities (F to B) and their gradient (B to W)."""
-    num_stages = 2 * n
-    stage_of = lambda rank, chunk: (rank, num_stages - 1 - rank)[chunk]  # noqa: E731
-    rank_of = lambda stage: min(stage, num_stages - 1 - stage)  # noqa: E731
-    schedules = [pytorch_order(n, m, rank) for rank in range(n)]
-    starts = replay(schedules, stage_of, num_stages)
-    events = [[] for _ in range(n)]  # per rank: (time, order within the moment, what, stage, micro-batch)
-    for rank, schedule in enumerate(schedules):
-        for kind, chunk, i in schedule:
-            stage = stage_of(rank, chunk)
-            events[rank].append((starts[stage, kind, i], 1, kind, stage, i))
-            user = {"forward": stage + 1, "backward": stage - 1}.get(kind, -1)
-            if 0 <= user < num_stages and rank_of(user) != rank:
-                events[rank_of(user)].append((starts[stage, kind, i] + 1, 0, "arrive " + kind, user, i))
-                events[rank].append((starts[user, kind, i], 2, "used " + kind, stage, i))
-    peaks = []
-    for rank in range(n):
-        holders = {}  # tensor -> who holds it; the bytes of a tensor count while anyone does
-        sizes = {}
-
-        def hold(tensor, who, size=1.0):
-            holders.setdefault(tensor, set()).add(who)
-            sizes[tensor] = size
-
-        def drop(tensor, who):
-            holders.get(tensor, set()).discard(who)
-
-        held = lambda: sum(sizes[tensor] for tensor, who in holders.items() if who)  # noqa: E731
-        peak, sent = 0.0, []  # sent: (gradient, its peer, the moment it was made)
-        for _, _, what, stage, i in sorted(events[rank], key=lambda event: event[:2]):
-            source = {"forward": stage - 1, "backward": stage + 1}.get(what, -1)  # where a computation's input is from
-            if 0 <= source < num_stages and rank_of(source) != rank:  # waited for: lets go of the older sends there
-                made = starts[source, what, i] + 1
-                for tensor, peer, when in sent:
-                    if peer == rank_of(source) and when <= made:
-                        drop(tensor, "transit")
-            # a stage's input: the data, its own rank's previous chunk's output, or a received tensor
-            given = ("data", i) if stage == 0 else ("out", stage - 1, i) if rank_of(stage - 1) == rank \
-                else ("in", stage, i)
-            outputs = [("out", stage, i, block) for block in range(1, blocks)] + [("out", stage, i)]
-            if what == "arrive forward":
-                hold(("in", stage, i), "transit")
-            elif what == "arrive backward":
-                hold(("grad", stage + 1, i), "transit")
-            elif what == "forward":
-                for tensor in [given] + outputs:
-                    hold(tensor, ("F", stage, i))
-                drop(given, "transit")
-                if stage == num_stages - 1:
-                    hold(("log-probabilities", i), ("F", stage, i), head)
-            elif what == "backward":
-                inputs = [given] + outputs[:-1] + ([outputs[-1]] if stage == num_stages - 1 else [])
-                for tensor in inputs + [("grad", stage, i, block) for block in range(blocks)]:
-                    hold(tensor, ("W", stage, i))
-                if stage == num_stages - 1:
-                    hold(("grad of log-probabilities", i), ("W", stage, i), head)
-                peak = max(peak, held())
-                for tensor in [given] + outputs + [("log-probabilities", i), ("grad", stage + 1, i)]:
-                    drop(tensor, ("F", stage, i))
-                    drop(tensor, "transit")
-                if stage > 0:
-                    hold(("grad", stage, i), "transit")  # to the previous stage
-                    sent.append((("grad", stage, i), rank_of(stage - 1), starts[stage, "backward", i] + 1))
-            elif what == "weight":
-                for tensor in holders:
-                    drop(tensor, ("W", stage, i))
-            elif what == "used backward":
-                drop(("grad", stage, i), "transit")
-            peak = max(peak, held())
-        peaks.append(peak)
-    return peaks
-
-
 def test_held_bytes_are_the_theory(runs):
-    """Every rank's peak held bytes are the count above, exactly, and the largest is below 05's."""
+    """Every rank's peak held bytes are the V's count (conftest.held_theory), exactly, and the largest is below 05's."""
     world, m, rows, hidden, layers = 4, 8, 2, 24, 16
     summary = pipelined(runs, SCRIPT, world, m, size=MEMORY).summary
     unit = rows * hidden * 8  # one rows x hidden float64 tensor
-    theory = held_theory(world, m, layers // (2 * world), head=10 / hidden)
+    theory = held_theory(SCRIPT, world, m, layers // (2 * world), rows, hidden)
     assert [held / unit for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
     zero_bubble = pipelined(runs, "05_zero_bubble.py", world, m, size=MEMORY).summary
     assert max(summary["peak_held_bytes"]) < max(zero_bubble["peak_held_bytes"])

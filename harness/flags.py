@@ -47,8 +47,7 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
         parser.add_argument("--data-parallel", type=int, default=1, metavar="D",
                             help="pipelines side by side, world / D stages each, their gradients summed")
     if tensor_parallel:
-        parser.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
-                            help="each stage's blocks cut across T ranks, Megatron-LM's column- and row-parallel pairs")
+        parser.add_argument("--tensor-parallel", type=int, default=1, metavar="T", help="shards a stage, cut by width")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
     parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
@@ -63,8 +62,7 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     parser.add_argument("--pace", type=float, default=0.0, metavar="MS",
                         help="pad every forward, backward and weight-gradient span to MS milliseconds by sleeping, "
                              "so the timeline shows the schedule alone")
-    parser.add_argument("--recompute", action="store_true", help="keep only each stage's input for a micro-batch in "
-                        "flight; its backward runs the forward again first (GPipe's re-materialization)")
+    parser.add_argument("--recompute", action="store_true", help="keep only each stage's input from F to B; B reruns F")
     parser.add_argument("--json", action="store_true", help="print one JSON line with the run's measurements")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto, chrome://tracing) of the run")
     parser.add_argument("--svg", metavar="FILE", help="draw the last step's timeline as a picture (SVG)")
@@ -99,8 +97,7 @@ def _check(args, one_process, virtual_stages):
              f"rank{'s' * (world_size > 1)} into pipelines of equal length: "
              f"{f'pass one of {divisors}, or ' if divisors else ''}start a multiple of {copies * shards} ranks.")
     if args.hidden % shards:
-        fail(f"--tensor-parallel {shards} cannot cut --hidden {args.hidden} into equal slices: pass a --hidden that "
-             f"{shards} divides, such as {args.hidden + shards - args.hidden % shards}, or another --tensor-parallel.")
+        fail(f"--tensor-parallel {shards} cannot cut --hidden {args.hidden} evenly: pass a multiple of {shards}.")
     if args.batch_size < copies:
         fail(f"--batch-size {args.batch_size} leaves some of the {copies} pipelines without a sample: pass "
              f"--batch-size {copies} or more, or a smaller --data-parallel.")
@@ -120,8 +117,7 @@ def _check(args, one_process, virtual_stages):
             f" ({shards} shards a stage)" * (shards > 1))
         fail(f"{stages} cannot share {args.layers} layers: pass --layers {num_stages * args.virtual_stages} or more"
              f"{', or fewer --virtual-stages' if virtual_stages and args.virtual_stages > 1 else ''}"
-             f"{', or a larger --data-parallel' if copies > 1 else ''}"
-             f"{', or a larger --tensor-parallel' if shards > 1 else ''}, or start fewer ranks.")
+             f"{', or a larger --data-parallel' if copies > 1 else ''}, or start fewer ranks.")
     if torch.cuda.is_available() and local_world_size > torch.cuda.device_count():
         fail(f"{local_world_size} ranks on this node but {torch.cuda.device_count()} GPU(s): start one rank per GPU, "
              "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on the CPU.")

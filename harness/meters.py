@@ -13,13 +13,12 @@ import torch.nn as nn
 
 from harness.flags import PipelineError
 
-COMPUTE = ("forward", "backward", "weight")  # the kinds of span that compute; the others: "wait", "allreduce", ...
+COMPUTE = ("forward", "backward", "weight")  # the kinds of span that compute; the others: "wait", "allreduce", TP
 TP = "tp_allreduce"  # 08's tensor-parallel all-reduces and gathers, inside its forwards and backwards
 
-# The records, times in seconds on rank 0's clock (on CUDA a span's are events until its step is over):
-# a computation, a wait for a receive or a send, 07's all-reduce or one of TP (kind: one of COMPUTE, "wait",
-# "allreduce", TP; nbytes: the tensor a collective makes); one optimizer step; a send or a receive posted
-# to another rank (peer: a global rank; nbytes: its tensor's).
+# The records, times in seconds on rank 0's clock (on CUDA a span's are events until its step is over): a computation,
+# a wait for a receive or a send, or a collective (kind; nbytes: the size of what it made); one optimizer step; a
+# send or a receive posted to another rank (peer: a global rank; nbytes: its tensor's).
 Span = namedtuple("Span", "step kind micro_batch chunk start end nbytes", defaults=[0])
 StepTime = namedtuple("StepTime", "step start end")
 Post = namedtuple("Post", "step is_send peer tag time nbytes")

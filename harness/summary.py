@@ -16,10 +16,8 @@ from harness.meters import COMPUTE, TP, recorder
 from harness.startup import finish
 
 # One rank's records (see meters.py), its model chunks' (first, last) layers, its peak activation and
-# held bytes, torch.cuda.max_memory_allocated (-1 on the CPU), its computations longer than --pace, and the
-# bytes of its parameters.
-Records = namedtuple("Records", "spans steps losses posts layers activation_peak held_peak cuda_peak overruns "
-                                "parameter_bytes")
+# held bytes, torch.cuda.max_memory_allocated (-1 on the CPU), its computations longer than --pace, its parameter bytes.
+Records = namedtuple("Records", "spans steps losses posts layers activation_peak held_peak cuda_peak overruns params")
 
 
 def report(args, stages, expected_inflight, bubble_theory=None, expected_parameter_bytes=None):
@@ -29,8 +27,7 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
     stages: this rank's model chunks (their .layers). expected_inflight(rank): how many micro-batches
     (or micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the
     schedule's with every span equally long; without it, the schedule's order is replayed so.
-    expected_parameter_bytes(rank) (08): the theory of each rank's parameter bytes, shown beside them.
-    """
+    expected_parameter_bytes(rank) (08): the theory of the bytes of that rank's parameters."""
     cuda_peak = torch.cuda.max_memory_allocated(recorder.device) if recorder.device.type == "cuda" else -1
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, Records(recorder.spans, recorder.steps, recorder.losses, recorder.posts,
@@ -42,13 +39,13 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
         measured = [step for step in timed if not args.overhead or step % 2 == 0]  # --overhead: the even ones
         summary = _summarize(args, ranks, timed, measured)
         if not args.no_instrument:
-            summary.update(_per_rank(args, ranks, measured, expected_inflight))
+            summary.update(_per_rank(ranks, measured, len(ranks) // args.data_parallel, expected_inflight))
         if bubble_theory is not None:
             summary["bubble_theory"] = bubble_theory
         chunks = len(stages) > 1  # label spans with their model chunk
         layers = [[list(chunk) for chunk in rank.layers] for rank in ranks]
         summary["stage_layers"] = layers if chunks else [chunk for (chunk,) in layers]  # one chunk: its pair alone
-        summary["parameter_bytes"] = [rank.parameter_bytes for rank in ranks]
+        summary["parameter_bytes"] = [rank.params for rank in ranks]
         if expected_parameter_bytes:
             summary["expected_parameter_bytes"] = [expected_parameter_bytes(rank) for rank in range(len(ranks))]
         spans = [rank.spans for rank in ranks]
@@ -87,7 +84,7 @@ def _summarize(args, ranks, timed, measured):
     return summary
 
 
-def _per_rank(args, ranks, measured, expected_inflight):
+def _per_rank(ranks, measured, num_stages, expected_inflight):
     """Each rank's bubble, compute and idle time, micro-batches in flight and bytes held, over the measured steps."""
     world = len(ranks)
     compute, windows, reduced, hidden = ([0.0] * world for _ in range(4))
@@ -98,7 +95,8 @@ def _per_rank(args, ranks, measured, expected_inflight):
         for rank, computed in enumerate(work):
             # The bubble is measured against the rank's pipeline's own span: from the first forward
             # anywhere in it to the last computation anywhere in it. Blocked in a receive counts as idle.
-            pipeline = [span for theirs in work[_pipeline(args, world, rank)] for span in theirs]
+            first = rank - rank % num_stages  # the pipeline is ranks first to first + num_stages - 1 (08: a copy's)
+            pipeline = [span for theirs in work[first:first + num_stages] for span in theirs]
             begin, end = min(span.start for span in pipeline), max(span.end for span in pipeline)
             windows[rank] += end - begin
             compute[rank] += sum(span.end - span.start for span in computed)
@@ -131,12 +129,6 @@ def _per_rank(args, ranks, measured, expected_inflight):
     return summary
 
 
-def _pipeline(args, world, rank):
-    """The ranks of rank's pipeline, stage by stage, as a slice of the world's: rank (copy n + stage) t + shard."""
-    first, block = rank - rank % (world // args.data_parallel), world // args.data_parallel
-    return slice(first + rank % args.tensor_parallel, first + block, args.tensor_parallel)
-
-
 def _peak_inflight(work):
     """Most (micro-batch, chunk) pairs between the start of their forward and the end of their last
     backward or weight-gradient span."""
@@ -154,13 +146,14 @@ def _peak_inflight(work):
 def _compare(args, summary, ranks, measured, replay_theory):
     """The busiest rank against the theory and against this run's order replayed at its mean span
     times, and the sends posted before their receive, over the measured steps."""
+    num_stages = len(ranks) // args.data_parallel  # ranks in a pipeline (08: a copy, its stages' shards in step)
     busiest = max(range(len(ranks)), key=lambda rank: summary["compute_ms"][rank])
     summary["busiest_rank"], summary["bubble_busiest"] = busiest, summary["bubble_per_rank"][busiest]
     summary["span_ms"] = _span_ms(ranks, measured)
-    summary["bubble_at_costs"] = _replayed(args, ranks, measured[-1], summary["span_ms"])[busiest]
+    summary["bubble_at_costs"] = _replayed(ranks, measured[-1], num_stages, summary["span_ms"])[busiest]
     if replay_theory:  # no closed form given: the schedule's order with every span one unit long
         unit = dict.fromkeys(summary["span_ms"], 1.0)
-        summary["bubble_theory"] = _replayed(args, ranks, measured[-1], unit)[busiest]
+        summary["bubble_theory"] = _replayed(ranks, measured[-1], num_stages, unit)[busiest]
     summary["sends_before_receive"] = _sends_before_receive(ranks, measured)
     summary["sent_bytes"] = [sum(post.nbytes for post in rank.posts if post.is_send and post.step in measured)
                              // len(measured) for rank in ranks]
@@ -174,24 +167,24 @@ def _span_ms(ranks, measured):
     return {kind: 1e3 * sum(times) / len(times) for kind, times in lengths.items() if times}
 
 
-def _replayed(args, ranks, step, span_ms):
+def _replayed(ranks, step, num_stages, span_ms):
     """Each rank's bubble if every pipeline ran the order its ranks computed in `step`, with every
     span of a kind taking span_ms[kind]. Stages are ordered by their first layer."""
     import replay  # here, not at the top: replay imports common, which imports the harness
 
-    bubbles, block, shards = [0.0] * len(ranks), len(ranks) // args.data_parallel, args.tensor_parallel
-    for members in [_pipeline(args, len(ranks), first) for first in range(len(ranks)) if first % block < shards]:
-        pipeline = ranks[members]
+    bubbles = []
+    for first in range(0, len(ranks), num_stages):
+        pipeline = ranks[first:first + num_stages]
         schedules = [[(span.kind, span.chunk, span.micro_batch) for span in sorted(rank.spans, key=lambda s: s.start)
                       if span.step == step and span.kind in COMPUTE] for rank in pipeline]
-        firsts = sorted(first for rank in pipeline for first, _ in rank.layers)
+        firsts = sorted({first for rank in pipeline for first, _ in rank.layers})  # 08: a stage's shards share it
         stages = {(rank, chunk): firsts.index(first)
                   for rank, records in enumerate(pipeline) for chunk, (first, _) in enumerate(records.layers)}
         starts = replay.replay(schedules, lambda rank, chunk: stages[rank, chunk], len(firsts),
                                duration=lambda kind: span_ms[kind])
         length = max(starts[stages[rank, chunk], kind, micro_batch] + span_ms[kind]
                      for rank, schedule in enumerate(schedules) for kind, chunk, micro_batch in schedule)
-        bubbles[members] = [1 - sum(span_ms[kind] for kind, _, _ in schedule) / length for schedule in schedules]
+        bubbles += [1 - sum(span_ms[kind] for kind, _, _ in schedule) / length for schedule in schedules]
     return bubbles
 
 
@@ -216,7 +209,8 @@ def _table(summary, layers):
     """A row per rank (layers: each rank's chunks' [first, last]), then the run's lines."""
     header = ("rank", "layers", "compute ms", "idle ms", "bubble", "theory", "in flight", "theory", "activations",
               "held") + ("all-reduce", "hidden") * ("allreduce_ms" in summary)  # ms each
-    header += ("TP",) * ("tp_allreduce_ms" in summary) + ("params", "theory") * ("expected_parameter_bytes" in summary)
+    params = ("parameter_bytes", "expected_parameter_bytes") * ("expected_parameter_bytes" in summary)  # 08's, bytes
+    header += ("TP",) * ("tp_allreduce_ms" in summary) + ("params", "theory") * bool(params)  # TP: ms
     lines = [" ".join(f"{h:>11}" for h in header)]
     for rank in range(summary["world_size"]):
         lines.append(" ".join(f"{v:>11}" for v in (
@@ -226,9 +220,7 @@ def _table(summary, layers):
             summary["peak_inflight_microbatches"][rank], summary["expected_inflight_microbatches"][rank],
             _bytes(summary["peak_activation_bytes"][rank]), _bytes(summary["peak_held_bytes"][rank]),
             *(f"{summary[key][rank]:.1f}" for key in ("allreduce_ms", "allreduce_hidden_ms", "tp_allreduce_ms")
-              if key in summary),
-            *(summary[key][rank] for key in ("parameter_bytes", "expected_parameter_bytes")
-              if "expected_parameter_bytes" in summary))))
+              if key in summary), *(summary[key][rank] for key in params))))
     if "cuda_max_memory_allocated" in summary:
         lines.append("torch.cuda.max_memory_allocated per rank: " +
                      ", ".join(_bytes(b) for b in summary["cuda_max_memory_allocated"]))
@@ -238,9 +230,6 @@ def _table(summary, layers):
     if "allreduce_ms" in summary:
         lines.append("all-reduce: ms a step from the start of the rank's gradient all-reduce to its end; hidden: "
                      "the part of it within its pipeline's span (the first forward to the last computation)")
-    if "expected_parameter_bytes" in summary:  # 08
-        lines.append("TP: ms a step in the shards' all-reduces and gathers (within F and B); params: the bytes of the "
-                     "rank's parameters, beside the theory (each cut block's 1/t)")
     costs = ", ".join(f"{pictures.LETTERS[kind]} {ms:.2f}" for kind, ms in summary["span_ms"].items())
     lines.append(f"at this run's mean span times ({costs} ms) the theory is {summary['bubble_at_costs']:.3f}")
     lines.append(f"sends posted before their receive, per rank: {summary['sends_before_receive']} (gloo parks such a "
@@ -248,8 +237,7 @@ def _table(summary, layers):
     if summary["pace_ms"]:
         lines.append(f"--pace {summary['pace_ms']:g}: every computation padded to {summary['pace_ms']:g} ms"
                      + (f"; {summary['paced_overruns']} took longer" if summary["paced_overruns"] else ""))
-    if summary["recompute"]:
-        lines.append("--recompute: from F to B a micro-batch keeps only its stage's input; B runs the forward again")
+    lines += ["--recompute: from F to B each micro-batch keeps only its stage's input"] * summary["recompute"]
     if "step_ms_median_bare" in summary:
         instrumented, bare = summary["step_ms_median"], summary["step_ms_median_bare"]
         lines.append(f"--overhead: {instrumented:.1f} ms a step instrumented (even steps), {bare:.1f} ms bare "
