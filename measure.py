@@ -152,12 +152,14 @@ unit is one micro-batch's `2 x 24` float64 tensor, {unit} bytes.
         "largest held / 03's"], rows)}""")
 
 # (2b) --recompute: the same runs with the flag, each rank's held bytes beside the theory (conftest.held_theory).
-rows = []
+rows, readme_held = [], {}  # readme_held: name -> flag -> held, ranks 0-3, for the README's table
 for name, script in [("02 GPipe", "02_gpipe"), ("03 1F1B", "03_1f1b"), ("05 ZB-H1", "05_zero_bubble"),
                      ("06 ZB-V", "06_zbv")]:
     blocks = 16 // 4 // (2 if script == "06_zbv" else 1)  # a stage's, or a chunk's, at 16 layers on 4 ranks
     for flag, s in (("off", memory[script]), ("on", run(f"{script}.py", 4, f"{MEMORY} --recompute"))):
         theory = held_theory(f"{script}.py", 4, 8, blocks, 2, 24, recompute=flag == "on")
+        held_units = "  ".join(f"{round(held / unit, 1):g}" for held in s["peak_held_bytes"])
+        readme_held.setdefault(name, {})[flag] = held_units
         rows.append([name, flag, per_rank(f"{held / unit:.2f}" for held in s["peak_held_bytes"]),
                      per_rank(f"{units:.2f}" for units in theory),
                      per_rank(f"{saved / unit:.2f}" for saved in s["peak_activation_bytes"]),
@@ -219,6 +221,8 @@ if args.recompute_rounds:
                 for flag in ("", "--recompute")[::1 - 2 * (round_ % 2)]}
         rounds.append((pair[""], pair["--recompute"]))
     ratios = [recomputed["step_ms_median"] / plain["step_ms_median"] for plain, recomputed in rounds]
+    readme_ratio = (f"{median(ratios):.2f} of its step without, the median of {len(rounds)} alternating rounds at 2 "
+                    f"ranks and the default size (from {min(ratios):.2f} to {max(ratios):.2f})")
     spans = lambda s: f"{s['span_ms']['forward']:.1f} / {s['span_ms']['backward']:.1f}"  # noqa: E731
     rows = [[number + 1, f"{plain['step_ms_median']:.1f}", f"{recomputed['step_ms_median']:.1f}", f"{ratio:.3f}",
              spans(plain), spans(recomputed)]
@@ -342,4 +346,12 @@ Step times on shared cores vary from run to run (see each round's below): compar
 this file, and medians rather than single runs. In-flight counts and bytes are exact."""
 with open(os.path.join(args.out, "docs", "measured.md"), "w") as file:
     file.write("\n\n".join([header] + out) + "\n")
+if not args.quick:  # the README's --recompute table and ratio, between its two markers
+    readme = open(os.path.join(HERE, "README.md")).read()
+    begin, end = "<!-- from measure.py -->\n", "<!-- end of what measure.py writes -->"
+    block = "\n".join(["| 4 ranks, m = 8, 16 layers: held, ranks 0-3 | without | with `--recompute` |", "|---|---|---|"]
+                      + [f"| {name} | {held['off']} | {held['on']} |" for name, held in readme_held.items()]
+                      + ["", f"03's step with `--recompute` costs {readme_ratio}." if args.recompute_rounds else ""])
+    with open(os.path.join(args.out, "README.md"), "w") as file:
+        file.write(readme[:readme.index(begin) + len(begin)] + block + "\n" + readme[readme.index(end):])
 print(f"wrote {os.path.join(args.out, 'docs', 'measured.md')} and {os.path.join(args.out, 'img')} in {minutes:.1f} min")

@@ -58,7 +58,8 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on another, then gives up")
     if not one_process:
         parser.add_argument("--sync-sends", action="store_true",
-                            help="NCCL's rules on gloo: a send returns once received, and tags are ignored")
+                            help="NCCL's rules on gloo: a rank's groups run in turn, each done once its sends are "
+                                 "received, and tags are ignored")
     parser.add_argument("--pace", type=float, default=0.0, metavar="MS",
                         help="pad every forward, backward and weight-gradient span to MS milliseconds by sleeping, "
                              "so the timeline shows the schedule alone")
