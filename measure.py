@@ -49,6 +49,10 @@ if args.quick:
     args.recompute_rounds = min(args.recompute_rounds, 1)
 
 started = time.time()
+git = lambda *command: subprocess.run(["git", *command], cwd=HERE, capture_output=True, text=True).stdout.strip()  # noqa: E731
+# the code the figures come from, read before this run rewrites its own outputs (img/, the README's table)
+commit, dirty = git("rev-parse", "--short", "HEAD"), " (with uncommitted changes)" * bool(git("status", "--porcelain",
+                                                                                             "--untracked-files=no"))
 commands = []  # what ran, as a reader would type it, for the section being measured
 
 
@@ -328,8 +332,6 @@ README's formula.
 # The machine, the code, the date: what every figure above depends on.
 with open("/proc/cpuinfo") as file:
     cpu = next((line.split(":", 1)[1].strip() for line in file if line.startswith("model name")), "unknown")
-git = lambda *command: subprocess.run(["git", *command], cwd=HERE, capture_output=True, text=True).stdout.strip()  # noqa: E731
-dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
 minutes = (time.time() - started) / 60
 quick = "\n\n**A rehearsal (`--quick`): the smallest sizes, one round. These numbers mean nothing.**" * args.quick
 header = f"""# Measured
@@ -339,7 +341,7 @@ docs/ cite.{quick}
 
 - machine: {len(os.sched_getaffinity(0))} cores, {cpu}
 - torch {importlib.metadata.version('torch')}, gloo, CPU
-- code: commit {git('rev-parse', '--short', 'HEAD') or 'unknown'}{dirty}
+- code: commit {commit or 'unknown'}{dirty}
 - date: {datetime.datetime.now():%Y-%m-%d %H:%M}; every run alone, one after another, {minutes:.1f} min in all
 
 Step times on shared cores vary from run to run (see each round's below): compare figures within
