@@ -1,5 +1,5 @@
-"""What the lesson needs: start-up, the MLP and its partitioner, the data, point-to-point helpers
-named by direction, and the unit-time replay of a schedule.
+"""What the lesson needs: start-up, the MLP and its partitioner, the data, and point-to-point helpers
+named by direction (06's moments to send come from replay.py).
 
 The schedules themselves (what is sent, when, and what is stashed for backward) live in the
 numbered scripts. The rules that keep the helpers' promises live in guarantees.py; measuring,

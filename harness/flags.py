@@ -30,7 +30,7 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
                tensor_parallel=False):
     """The flags every script takes; each mistake ends the run with one sentence. v_shape (06): two model
     chunks per rank, placed as a V, and no --virtual-stages flag."""
-    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0],  # None: a test's variant
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.error = lambda message: fail(f"{message} (see --help)")  # one sentence, not argparse's usage
     # what a script runs with where it takes no such flag (a flag's own default wins where it takes one)
