@@ -22,7 +22,6 @@ import harness
 
 NUM_CLASSES = 10
 
-# _placement: where a rank's chunks sit, chunk c of rank r being stage c n + r ("loop"), or r and 2n - 1 - r ("v")
 _rank, _num_ranks, _device, _dtype, _placement = 0, 1, torch.device("cpu"), torch.float32, "loop"
 # 07: the world as pipelines side by side, named axes "dp" (which pipeline) and "pp" (which stage), and in 08
 # "tp" (which shard of the stage); the group the helpers send and receive in, this rank's pipeline (else the world)
@@ -139,16 +138,12 @@ def get_batch(args, step, device):
 
 
 # ----------------------------------------------------------------------------- point-to-point
-# A send or a receive names its tensor: the micro-batch, this rank's model chunk that sends or
-# receives it (always 0 but in the interleaved and V schedules), and whether it is a gradient.
-# post() posts any of them as one group and returns at once: the stage goes on computing while
-# they travel, and pending.wait() returns the received tensors. The helpers named by direction
-# are one-liners over it; where the pipeline ends they do nothing and receive None, so a schedule
-# reads the same on every rank. A sent tensor is let go as soon as this rank knows the peer has
-# it, and wait_for_sends() lets go of the rest before the step ends (guarantees.py).
-
-
-# is_gradient: a gradient goes to the previous stage and comes from the next, an activation the other way.
+# A Send or a Recv names its tensor: the micro-batch, this rank's model chunk that sends or receives it
+# (0 but in the interleaved and V schedules), and whether it is a gradient, which goes to the previous stage
+# and comes from the next (an activation the other way). post() posts them as one group, and the stage
+# computes while they travel; the helpers named by direction are one-liners over it, and do nothing where
+# the pipeline ends, so a schedule reads the same on every rank. A sent tensor is let go once this rank
+# knows the peer has it, and wait_for_sends() lets go of the rest before the step ends (guarantees.py).
 Send = collections.namedtuple("Send", "micro_batch tensor is_gradient chunk", defaults=[0])
 Recv = collections.namedtuple("Recv", "micro_batch shape is_gradient chunk", defaults=[0])
 
@@ -187,29 +182,24 @@ def post(*operations):
     """Post Sends and Recvs as one group and return at once; pending.wait() returns what was received.
     NCCL runs two ranks' sends and receives in order on one stream: those that must overlap go together."""
     guarantees.hold_back()
-    messages, arrivals = [], {}  # to and from other ranks; Recv -> its Message, None where the pipeline ends
+    messages, arrivals = [], {}  # to and from other ranks; Recv -> its Message
     for op in sorted(operations, key=lambda op: isinstance(op, Recv)):  # sends first
         is_send = isinstance(op, Send)
-        link = _link(op, sending=is_send)
-        if link is None:
-            arrivals.update({} if is_send else {op: None})
-        elif link.peer == dist.get_rank():  # a link to itself: the tensor stays on this rank
+        link, message = _link(op, sending=is_send), None  # None where the pipeline ends
+        if link is not None and link.peer == dist.get_rank():  # a link to itself: the tensor stays on this rank
             message = guarantees.stay_local(link, harness.track(op.tensor.detach()) if is_send else None)
-            arrivals.update({} if is_send else {op: message})
-        else:
+        elif link is not None:
             tensor = op.tensor.detach() if is_send else torch.empty(op.shape, dtype=_dtype, device=_device)
-            messages.append(guarantees.Message(link, harness.track(tensor), is_send))
-            arrivals.update({} if is_send else {op: messages[-1]})
+            messages.append(message := guarantees.Message(link, harness.track(tensor), is_send))
+        arrivals.update({} if is_send else {op: message})
     operations = [dist.P2POp(dist.isend if message.is_send else dist.irecv, message.tensor, message.link.peer,
                              group=_group, tag=guarantees.wire_tag(message.link)) for message in messages]
     guarantees.posted(messages, dist.batch_isend_irecv(operations) if operations else [])
     return Pending(arrivals)
 
 
-class Pending:  # a posted group's receives, each waited for when its tensor is needed
-
-    def __init__(self, arrivals):
-        self.arrivals = arrivals  # Recv -> its Message, None where the pipeline ends
+class Pending(collections.namedtuple("Pending", "arrivals")):  # arrivals: Recv -> its Message, None at an end
+    """A posted group's receives, each waited for when its tensor is needed."""
 
     def wait(self):
         """Every receive's tensor, in the order posted (None where the pipeline ends)."""

@@ -13,12 +13,9 @@ class PipelineError(Exception):
 
 
 def fail(message):
-    """End the run with one sentence and a non-zero exit.
-
-    Every rank checks the same things and finds the same mistake; one rank per node
-    says it. The others wait for torchrun, which stops them once that rank has exited
-    (exiting first could get the speaking rank stopped before it speaks).
-    """
+    """End the run with one sentence and a non-zero exit. Every rank finds the same mistake, and one rank
+    per node says it; the others wait for torchrun to stop them (exiting first could get the speaking rank
+    stopped before it speaks)."""
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:
         print(f"error: {message}", file=sys.stderr, flush=True)
     else:
@@ -102,21 +99,19 @@ def _check(args, one_process, virtual_stages):
     if args.batch_size < copies:
         fail(f"--batch-size {args.batch_size} leaves some of the {copies} pipelines without a sample: pass "
              f"--batch-size {copies} or more, or a smaller --data-parallel.")
-    if copies > 1 and not 1 <= args.micro_batches <= args.batch_size // copies:
-        fail(f"--micro-batches must be between 1 and the smallest pipeline's share of --batch-size "
-             f"({args.batch_size // copies} of {args.batch_size} samples in {copies} pipelines), "
-             f"not {args.micro_batches}.")
-    if not 1 <= args.micro_batches <= args.batch_size:
-        fail(f"--micro-batches must be between 1 and --batch-size ({args.batch_size}), not {args.micro_batches}.")
+    share = (f"the smallest pipeline's share of --batch-size ({args.batch_size // copies} of {args.batch_size} "
+             f"samples in {copies} pipelines)" if copies > 1 else f"--batch-size ({args.batch_size})")
+    if not 1 <= args.micro_batches <= args.batch_size // copies:
+        fail(f"--micro-batches must be between 1 and {share}, not {args.micro_batches}.")
     script = os.path.basename(sys.argv[0])
     if one_process and world_size > 1:
         fail(f"{script} trains the whole model in one process: start it with python {script}, not torchrun.")
     num_stages = world_size // (copies * shards)  # ranks in a pipeline
     if num_stages * args.virtual_stages > args.layers:
-        stages = f"{world_size} rank{'s' * (world_size > 1)}" + f" in {copies} pipelines of {num_stages}" * (
-            copies > 1) + f" x {args.virtual_stages} virtual stages" * (args.virtual_stages > 1) + (
-            f" ({shards} shards a stage)" * (shards > 1))
-        fail(f"{stages} cannot share {args.layers} layers: pass --layers {num_stages * args.virtual_stages} or more"
+        fail(f"{world_size} rank{'s' * (world_size > 1)}{f' in {copies} pipelines of {num_stages}' * (copies > 1)}"
+             f"{f' x {args.virtual_stages} virtual stages' * (args.virtual_stages > 1)}"
+             f"{f' ({shards} shards a stage)' * (shards > 1)} cannot share {args.layers} layers: "
+             f"pass --layers {num_stages * args.virtual_stages} or more"
              f"{', or fewer --virtual-stages' if virtual_stages and args.virtual_stages > 1 else ''}"
              f"{', or a larger --data-parallel' if copies > 1 else ''}, or start fewer ranks.")
     if torch.cuda.is_available() and local_world_size > torch.cuda.device_count():

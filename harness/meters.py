@@ -62,17 +62,6 @@ class _Recorder:
         self.pending = []  # the step's spans; on CUDA their events are read once the step is over
         self.saved, self.held = _Meter(), _Meter()
 
-    @staticmethod
-    def pack(tensor):
-        # A Linear saves its weight as a transposed view: parameters are not activations.
-        if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
-            return tensor
-        return _Saved(tensor)
-
-    @staticmethod
-    def unpack(saved):
-        return saved.tensor if isinstance(saved, _Saved) else saved
-
 
 recorder = _Recorder()
 
@@ -117,6 +106,15 @@ class _Saved:
             track(tensor)
 
 
+def _pack(tensor):
+    # A Linear saves its weight as a transposed view: parameters are not activations.
+    return tensor if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter) else _Saved(tensor)
+
+
+def _unpack(saved):
+    return saved.tensor if isinstance(saved, _Saved) else saved
+
+
 def track(tensor):
     """Count a tensor the schedule holds (saved for backward, stashed, in transit)
     in the held bytes until its memory is freed, so that one kept by mistake stays counted.
@@ -143,7 +141,7 @@ def record(kind, micro_batch, chunk=0):
         yield
     else:
         start = _mark()
-        hooks = torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack)
+        hooks = torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
         with hooks if kind in ("forward", "backward") else contextlib.nullcontext():
             yield
     if recorder.pace and kind != "wait":

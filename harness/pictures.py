@@ -55,11 +55,11 @@ def write_svg(path, spans, chunks, summary):
     step, rows, start, length = _last_step(spans)
     left, width, height = 70, max(960, 36 * max(len(row) for row in rows)), 26  # room for each box's label
     scale = lambda time: left + (time - start) / length * width  # noqa: E731
-    copies, shards = summary.get("data_parallel", 1), summary.get("tensor_parallel", 1)
+    copies, shards = summary["data_parallel"], summary["tensor_parallel"]
     shape = (f"{summary['world_size'] // copies // shards} stages x {copies} copies" if copies > 1
              else f"n = {summary['world_size'] // shards}") + f", t = {shards}" * (shards > 1)
-    shape += f", m = {summary['num_microbatches']}"
-    title = (f"{summary['script']}: {shape}" + (f", v = {summary['virtual_stages']}" if chunks else "")
+    title = (f"{summary['script']}: {shape}, m = {summary['num_microbatches']}"
+             + (f", v = {summary['virtual_stages']}" if chunks else "")
              + (f", --pace {summary['pace_ms']:g}" if summary["pace_ms"] else "")
              + f"; step {step}, {1e3 * length:.0f} ms; bubble of the busiest rank {summary['bubble_busiest']:.3f},"
              f" theory {summary['bubble_theory']:.3f}")

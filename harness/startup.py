@@ -57,9 +57,8 @@ def _check_same_flags(args):
 
 def _sync_clock():
     """Put every rank on rank 0's clock. time.perf_counter() is one clock for every process on a
-    machine, so ranks on rank 0's machine read it already. A rank on another machine measures its
-    offset with a ping-pong and keeps the estimate from the fastest round trip: wrong by at most
-    half of it."""
+    machine, so ranks on rank 0's machine read it already. A rank on another machine asks rank 0 for
+    its time, 8 times, and keeps the offset from the fastest round trip: wrong by at most half of it."""
     rank, machines = dist.get_rank(), [None] * dist.get_world_size()
     dist.all_gather_object(machines, _machine_id())
     buffer = torch.zeros(1, dtype=torch.float64, device=recorder.device)
@@ -67,22 +66,18 @@ def _sync_clock():
         if machines[peer] == machines[0]:
             continue
         if rank == 0:
+            for _ in range(8):
+                dist.recv(buffer, peer)
+                dist.send(buffer.fill_(idle_now()), peer)
+        elif rank == peer:
             best_round_trip = math.inf
             for _ in range(8):
                 sent = time.perf_counter()
-                dist.send(buffer, peer)
-                dist.recv(buffer, peer)
-                received = idle_now()
-                if received - sent < best_round_trip:
-                    best_round_trip, offset = received - sent, (sent + received) / 2 - buffer.item()
-            dist.send(buffer.fill_(offset), peer)
-        elif rank == peer:
-            for _ in range(8):
-                dist.recv(buffer, 0)
-                buffer.fill_(idle_now())
                 dist.send(buffer, 0)
-            dist.recv(buffer, 0)
-            recorder.offset = buffer.item()
+                dist.recv(buffer, 0)
+                received = idle_now()
+                if received - sent < best_round_trip:  # rank 0 read its clock halfway, give or take
+                    best_round_trip, recorder.offset = received - sent, buffer.item() - (sent + received) / 2
 
 
 def _machine_id():
@@ -102,13 +97,10 @@ def _excepthook(kind, error, traceback):
 
 
 def finish():
-    """Leave once every rank is done, skipping the interpreter's teardown.
-
-    Gloo's worker threads can outlive destroy_process_group (the first optimizer step
-    imports torch._dynamo, which keeps a reference to the group). A worker that drops a
-    finished collective's tensors after the interpreter has begun tearing down cannot take
-    the GIL and aborts the process: "terminate called without an active exception".
-    """
+    """Leave once every rank is done, skipping the interpreter's teardown: gloo's worker threads can outlive
+    destroy_process_group (torch._dynamo, which the first optimizer step imports, keeps the group), and one
+    that drops a finished collective's tensors during teardown cannot take the GIL and aborts the process
+    ("terminate called without an active exception")."""
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

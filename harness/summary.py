@@ -21,13 +21,11 @@ Records = namedtuple("Records", "spans steps losses posts layers activation_peak
 
 
 def report(args, stages, expected_inflight, bubble_theory=None, expected_parameter_bytes=None):
-    """Gather every rank's measurements on rank 0, print the timeline, the table and the JSON
-    line, and end the run.
-
-    stages: this rank's model chunks (their .layers). expected_inflight(rank): how many micro-batches
-    (or micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the
-    schedule's with every span equally long; without it, the schedule's order is replayed so.
-    expected_parameter_bytes(rank) (08): the theory of the bytes of that rank's parameters."""
+    """Gather every rank's measurements on rank 0, print the timeline, the table and the JSON line, and end
+    the run. stages: this rank's model chunks (their .layers). expected_inflight(rank): how many micro-batches
+    (or micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the schedule's with
+    every span equally long; without it, the schedule's order is replayed so. expected_parameter_bytes(rank)
+    (08): the theory of the bytes of that rank's parameters."""
     cuda_peak = torch.cuda.max_memory_allocated(recorder.device) if recorder.device.type == "cuda" else -1
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, Records(recorder.spans, recorder.steps, recorder.losses, recorder.posts,
@@ -38,23 +36,17 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
         timed = list(range(1, args.steps)) if args.steps > 1 else [0]  # the first step pays for warm-up
         measured = [step for step in timed if not args.overhead or step % 2 == 0]  # --overhead: the even ones
         summary = _summarize(args, ranks, timed, measured)
-        if not args.no_instrument:
-            summary.update(_per_rank(ranks, measured, len(ranks) // args.data_parallel, expected_inflight))
-        if bubble_theory is not None:
-            summary["bubble_theory"] = bubble_theory
-        chunks = len(stages) > 1  # label spans with their model chunk
-        layers = [[list(chunk) for chunk in rank.layers] for rank in ranks]
-        summary["stage_layers"] = layers if chunks else [chunk for (chunk,) in layers]  # one chunk: its pair alone
-        summary["parameter_bytes"] = [rank.params for rank in ranks]
+        summary.update({} if bubble_theory is None else {"bubble_theory": bubble_theory})
         if expected_parameter_bytes:
             summary["expected_parameter_bytes"] = [expected_parameter_bytes(rank) for rank in range(len(ranks))]
-        spans = [rank.spans for rank in ranks]
-        if not args.no_instrument:
-            _compare(args, summary, ranks, measured, replay_theory=bubble_theory is None)
-            print(pictures.timeline(spans, chunks))
-            print(_table(summary, layers))
-        else:
+        chunks, spans = len(stages) > 1, [rank.spans for rank in ranks]  # chunks: label spans with their chunk
+        if args.no_instrument:  # (so no --trace or --svg either)
             print(f"step time (median) {summary['step_ms_median']:.1f} ms")
+        else:
+            summary.update(_per_rank(ranks, measured, len(ranks) // args.data_parallel, expected_inflight))
+            _compare(args, summary, ranks, measured)
+            print(pictures.timeline(spans, chunks))
+            print(_table(summary, [rank.layers for rank in ranks]))
         if args.trace:
             pictures.write_trace(args.trace, spans, chunks)
         if args.svg:
@@ -65,19 +57,21 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
 
 
 def _summarize(args, ranks, timed, measured):
-    """The run's shape, its losses, and its step times: each from the first rank's start to the last's end."""
+    """The run's shape, its losses, its step times (each from the first rank's start to the last's end), and
+    each rank's layers (a pair, or a pair per model chunk) and parameter bytes."""
     times = [time for rank in ranks for time in rank.steps]
     step_ms = {step: 1e3 * (max(t.end for t in times if t.step == step) - min(t.start for t in times if t.step == step))
                for step in timed}
+    layers = [[list(chunk) for chunk in rank.layers] for rank in ranks]
     summary = {
-        "script": os.path.basename(sys.argv[0]), "world_size": len(ranks), "data_parallel": args.data_parallel,
-        "tensor_parallel": args.tensor_parallel, "num_microbatches": args.micro_batches,
-        "virtual_stages": args.virtual_stages,
-        "batch_size": args.batch_size, "layers": args.layers, "hidden": args.hidden, "dtype": args.dtype,
-        "steps": args.steps, "threads": args.threads, "sync_sends": args.sync_sends, "recompute": args.recompute,
-        # the last rank that has any: the head's (rank 0 on the V)
-        "losses": max(reversed([rank.losses for rank in ranks]), key=len),
+        "script": os.path.basename(sys.argv[0]), "world_size": len(ranks), "num_microbatches": args.micro_batches,
+        **{flag: getattr(args, flag) for flag in ("data_parallel", "tensor_parallel", "virtual_stages", "batch_size",
+                                                  "layers", "hidden", "dtype", "steps", "threads", "sync_sends",
+                                                  "recompute")},
+        "losses": max(reversed([rank.losses for rank in ranks]), key=len),  # the last rank's that has any: the head's
         "step_ms_median": statistics.median_high([step_ms[step] for step in measured]),
+        "stage_layers": layers if len(ranks[0].layers) > 1 else [chunk for (chunk,) in layers],
+        "parameter_bytes": [rank.params for rank in ranks],
     }
     if args.overhead:
         summary["step_ms_median_bare"] = statistics.median_high([step_ms[step] for step in timed if step % 2])
@@ -143,7 +137,7 @@ def _peak_inflight(work):
     return max(itertools.accumulate((change for _, change in events), initial=0))  # the most alive at once
 
 
-def _compare(args, summary, ranks, measured, replay_theory):
+def _compare(args, summary, ranks, measured):
     """The busiest rank against the theory and against this run's order replayed at its mean span
     times, and the sends posted before their receive, over the measured steps."""
     num_stages = len(ranks) // args.data_parallel  # ranks in a pipeline (08: a copy, its stages' shards in step)
@@ -151,7 +145,7 @@ def _compare(args, summary, ranks, measured, replay_theory):
     summary["busiest_rank"], summary["bubble_busiest"] = busiest, summary["bubble_per_rank"][busiest]
     summary["span_ms"] = _span_ms(ranks, measured)
     summary["bubble_at_costs"] = _replayed(ranks, measured[-1], num_stages, summary["span_ms"])[busiest]
-    if replay_theory:  # no closed form given: the schedule's order with every span one unit long
+    if "bubble_theory" not in summary:  # no closed form given: the schedule's order with every span one unit long
         unit = dict.fromkeys(summary["span_ms"], 1.0)
         summary["bubble_theory"] = _replayed(ranks, measured[-1], num_stages, unit)[busiest]
     summary["sends_before_receive"] = _sends_before_receive(ranks, measured)
@@ -206,21 +200,22 @@ def _sends_before_receive(ranks, measured):
 
 
 def _table(summary, layers):
-    """A row per rank (layers: each rank's chunks' [first, last]), then the run's lines."""
-    header = ("rank", "layers", "compute ms", "idle ms", "bubble", "theory", "in flight", "theory", "activations",
-              "held") + ("all-reduce", "hidden") * ("allreduce_ms" in summary)  # ms each
-    params = ("parameter_bytes", "expected_parameter_bytes") * ("expected_parameter_bytes" in summary)  # 08's, bytes
-    header += ("TP",) * ("tp_allreduce_ms" in summary) + ("params", "theory") * bool(params)  # TP: ms
-    lines = [" ".join(f"{h:>11}" for h in header)]
-    for rank in range(summary["world_size"]):
-        lines.append(" ".join(f"{v:>11}" for v in (
-            rank, ",".join(f"{first}-{last - 1}" for first, last in layers[rank]),
-            f"{summary['compute_ms'][rank]:.1f}", f"{summary['idle_ms'][rank]:.1f}",
-            f"{summary['bubble_per_rank'][rank]:.3f}", f"{summary['bubble_theory']:.3f}",
-            summary["peak_inflight_microbatches"][rank], summary["expected_inflight_microbatches"][rank],
-            _bytes(summary["peak_activation_bytes"][rank]), _bytes(summary["peak_held_bytes"][rank]),
-            *(f"{summary[key][rank]:.1f}" for key in ("allreduce_ms", "allreduce_hidden_ms", "tp_allreduce_ms")
-              if key in summary), *(summary[key][rank] for key in params))))
+    """A row per rank (layers: each rank's chunks' (first, last)), then the run's lines."""
+    n, column = summary["world_size"], lambda key, form="": [format(value, form) for value in summary[key]]
+    columns = [("rank", range(n)), ("layers", [",".join(f"{first}-{last - 1}" for first, last in chunks)
+                                               for chunks in layers]),
+               ("compute ms", column("compute_ms", ".1f")), ("idle ms", column("idle_ms", ".1f")),
+               ("bubble", column("bubble_per_rank", ".3f")), ("theory", [f"{summary['bubble_theory']:.3f}"] * n),
+               ("in flight", column("peak_inflight_microbatches")),
+               ("theory", column("expected_inflight_microbatches")),
+               ("activations", [_bytes(count) for count in summary["peak_activation_bytes"]]),
+               ("held", [_bytes(count) for count in summary["peak_held_bytes"]])]
+    columns += [(header, column(key, ".1f")) for header, key in (  # ms a step
+        ("all-reduce", "allreduce_ms"), ("hidden", "allreduce_hidden_ms"), ("TP", "tp_allreduce_ms")) if key in summary]
+    if "expected_parameter_bytes" in summary:  # 08's, in bytes
+        columns += [("params", column("parameter_bytes")), ("theory", column("expected_parameter_bytes"))]
+    lines = [" ".join(f"{header:>11}" for header, _ in columns)]
+    lines += [" ".join(f"{values[rank]:>11}" for _, values in columns) for rank in range(n)]
     if "cuda_max_memory_allocated" in summary:
         lines.append("torch.cuda.max_memory_allocated per rank: " +
                      ", ".join(_bytes(b) for b in summary["cuda_max_memory_allocated"]))
