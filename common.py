@@ -29,12 +29,11 @@ _mesh, _group = None, None
 
 
 def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
-    """Join the process group torchrun describes (a world of one without torchrun). Returns this
-    rank's place in its pipeline, the number of ranks in the pipeline, and the device.
-
-    placement: where a rank's chunks sit, chunk c of rank r being stage c n + r ("loop") or r and
-    2n - 1 - r ("v"). data_parallel (07): the world is --data-parallel pipelines side by side, and
-    device_mesh() names the two axes; tensor_parallel (08): each stage is --tensor-parallel shards, a third axis."""
+    """Join the process group torchrun describes (a world of one without torchrun). Returns this rank's place
+    in its pipeline, the number of ranks in the pipeline, and the device. placement: where a rank's chunks sit,
+    chunk c of rank r being stage c n + r ("loop") or r and 2n - 1 - r ("v"). data_parallel (07): the world is
+    --data-parallel pipelines side by side, and device_mesh() names the two axes; tensor_parallel (08): each
+    stage is --tensor-parallel shards, a third axis."""
     global _rank, _num_ranks, _device, _dtype, _placement, _mesh, _group
     harness.before_setup(args)  # cores and threads
     timeout, _dtype = datetime.timedelta(seconds=args.timeout), getattr(torch, args.dtype)  # timeout: every wait

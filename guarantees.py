@@ -121,8 +121,7 @@ def wait(request, link, verb):
         with harness.record("wait", link.micro_batch, link.chunk):
             request.wait()  # no timeout here: on NCCL a timed wait blocks the host; --timeout bounds it
     except RuntimeError as error:
-        peer = link.peer
         where = f"micro-batch {link.micro_batch}" + (f", chunk {link.chunk}" if num_chunks > 1 else "")
-        raise harness.PipelineError(f"rank {dist.get_rank()} gave up in {what} ({where}) waiting for rank {peer} "
-                                    f"({str(error).splitlines()[0]}); rank {peer} may be stuck, dead or itself "
+        raise harness.PipelineError(f"rank {dist.get_rank()} gave up in {what} ({where}) waiting for rank {link.peer} "
+                                    f"({str(error).splitlines()[0]}); rank {link.peer} may be stuck, dead or itself "
                                     f"waiting, or just slower than --timeout") from None

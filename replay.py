@@ -45,10 +45,9 @@ class Moment(NamedTuple):
 
 
 def timetable(schedules, rank, shapes):
-    """Rank's moments, in time order, when every computation takes one unit (replay): each tensor is
-    sent and received the moment it is made, and let go of by its sender when its receiver uses it.
-    schedules: every rank's (kind, chunk, micro_batch) in order, its chunks placed as common.setup placed
-    them; shapes: each micro-batch's."""
+    """Rank's moments, in time order, when every computation takes one unit (replay): each tensor is sent and
+    received the moment it is made, and let go of by its sender when its receiver uses it. schedules: every
+    rank's (kind, chunk, micro_batch) in order, its chunks placed as setup placed them; shapes: each micro-batch's."""
     num_stages = 1 + max(stage_of(other, chunk) for other, schedule in enumerate(schedules) for _, chunk, _ in schedule)
     starts = replay(schedules, stage_of, num_stages)
     moments = {}

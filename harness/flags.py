@@ -117,13 +117,11 @@ def _check(args, one_process, virtual_stages):
     if torch.cuda.is_available() and local_world_size > torch.cuda.device_count():
         fail(f"{local_world_size} ranks on this node but {torch.cuda.device_count()} GPU(s): start one rank per GPU, "
              "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on the CPU.")
-    for flag, path in (("--trace", args.trace), ("--svg", args.svg)):
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            fail(f"{flag} {path}: its folder does not exist.")
-        if path and args.no_instrument:
-            fail(f"{flag} needs the spans that --no-instrument turns off: pass one or the other.")
-    if args.overhead and args.no_instrument:
-        fail("--overhead needs the instrumentation that --no-instrument turns off: pass one or the other.")
+    for flag, value in (("--trace", args.trace), ("--svg", args.svg), ("--overhead", args.overhead)):
+        if isinstance(value, str) and not os.path.isdir(os.path.dirname(os.path.abspath(value))):
+            fail(f"{flag} {value}: its folder does not exist.")
+        if value and args.no_instrument:
+            fail(f"{flag} needs the spans and meters that --no-instrument turns off: pass one or the other.")
     if args.overhead and args.steps < 3:
         fail(f"--overhead compares the even and odd steps after the first: pass --steps 3 or more, not {args.steps}.")
     for flag, path in (("--dump-grads", args.dump_grads), ("--dump-params", args.dump_params)):

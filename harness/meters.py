@@ -57,9 +57,8 @@ class _Recorder:
         self.device, self.offset = torch.device("cpu"), 0.0  # offset: add to time.perf_counter() for rank 0's clock
         self.enabled, self.alternate = True, False  # alternate (--overhead): instrument the even steps only
         self.pace, self.overruns = 0.0, 0  # --pace in seconds, and the computations that took longer
-        self.step = 0
         self.spans, self.steps, self.posts, self.losses = [], [], [], []  # Span, StepTime, Post, float
-        self.pending = []  # the step's spans; on CUDA their events are read once the step is over
+        self.step, self.pending = 0, []  # the step's number and spans (on CUDA, events read once it is over)
         self.saved, self.held = _Meter(), _Meter()
 
 
@@ -116,9 +115,8 @@ def _unpack(saved):
 
 
 def track(tensor):
-    """Count a tensor the schedule holds (saved for backward, stashed, in transit)
-    in the held bytes until its memory is freed, so that one kept by mistake stays counted.
-    Returns the tensor."""
+    """Count a tensor the schedule holds (saved for backward, stashed, in transit) in the held bytes until
+    its memory is freed, so that one kept by mistake stays counted. Returns the tensor."""
     if not recorder.enabled:
         return tensor
     if _is_slice(tensor):  # counted while this view lives
@@ -136,14 +134,10 @@ def track(tensor):
 def record(kind, micro_batch, chunk=0):
     """Time one forward, backward, weight-gradient pass or wait; a forward or a backward (--recompute's runs
     the forward again) also counts what it saves. With --pace, a computation then sleeps out the rest of its span."""
-    began = time.perf_counter()
-    if not recorder.enabled:
+    began, start = time.perf_counter(), _mark() if recorder.enabled else None
+    hooks = torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
+    with hooks if recorder.enabled and kind in ("forward", "backward") else contextlib.nullcontext():
         yield
-    else:
-        start = _mark()
-        hooks = torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
-        with hooks if kind in ("forward", "backward") else contextlib.nullcontext():
-            yield
     if recorder.pace and kind != "wait":
         if recorder.device.type == "cuda":
             torch.cuda.synchronize(recorder.device)  # pacing times the arithmetic itself, so it waits for it
@@ -155,9 +149,8 @@ def record(kind, micro_batch, chunk=0):
 
 
 def started(kind, start, nbytes=0):
-    """Requests that start() starts now, waited for later (07's gradient all-reduce; 08's TP, at once): wait()
-    on what this returns waits for them all, and records one span from before start() until then, so the
-    span also counts the time it takes to start them. nbytes: the size of the tensor they make."""
+    """Requests that start() starts now, waited for later (07's gradient all-reduce; 08's TP, at once): wait() on
+    what this returns waits for them all and records one span from before start() (nbytes: what they make)."""
     begun = _mark() if recorder.enabled else None
     return _Started(kind, start(), begun, nbytes)
 

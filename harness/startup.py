@@ -45,11 +45,10 @@ def _check_same_flags(args):
     mine = {name: repr(value) for name, value in vars(args).items() if name not in ("threads", "json", "trace")}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    differing = []
-    for name in sorted(mine):
-        ranks = [rank for rank, theirs in enumerate(everyone) if theirs.get(name) != everyone[0].get(name)]
-        if ranks:
-            differing.append(f"--{name.replace('_', '-')} on rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}")
+    differ = {name: [rank for rank, theirs in enumerate(everyone) if theirs.get(name) != everyone[0].get(name)]
+              for name in sorted(mine)}  # each flag's ranks that differ from rank 0's
+    differing = [f"--{name.replace('_', '-')} on rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}"
+                 for name, ranks in differ.items() if ranks]
     if differing:
         fail(f"ranks were started with flags that differ from rank 0's ({'; '.join(differing)}): "
              "start every rank with the same flags.")

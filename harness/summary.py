@@ -6,7 +6,7 @@ import json
 import os
 import statistics
 import sys
-from collections import namedtuple
+from collections import defaultdict, namedtuple
 
 import torch
 import torch.distributed as dist
@@ -22,10 +22,9 @@ Records = namedtuple("Records", "spans steps losses posts layers activation_peak
 
 def report(args, stages, expected_inflight, bubble_theory=None, expected_parameter_bytes=None):
     """Gather every rank's measurements on rank 0, print the timeline, the table and the JSON line, and end
-    the run. stages: this rank's model chunks (their .layers). expected_inflight(rank): how many micro-batches
-    (or micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the schedule's with
-    every span equally long; without it, the schedule's order is replayed so. expected_parameter_bytes(rank)
-    (08): the theory of the bytes of that rank's parameters."""
+    the run. stages: this rank's model chunks (their .layers). expected_inflight(rank): the micro-batches (or
+    micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the schedule's with every
+    span equally long, else its order is replayed so. expected_parameter_bytes(rank) (08): its parameter bytes."""
     cuda_peak = torch.cuda.max_memory_allocated(recorder.device) if recorder.device.type == "cuda" else -1
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, Records(recorder.spans, recorder.steps, recorder.losses, recorder.posts,
@@ -143,7 +142,9 @@ def _compare(args, summary, ranks, measured):
     num_stages = len(ranks) // args.data_parallel  # ranks in a pipeline (08: a copy, its stages' shards in step)
     busiest = max(range(len(ranks)), key=lambda rank: summary["compute_ms"][rank])
     summary["busiest_rank"], summary["bubble_busiest"] = busiest, summary["bubble_per_rank"][busiest]
-    summary["span_ms"] = _span_ms(ranks, measured)
+    lengths = {kind: [span.end - span.start for rank in ranks for span in rank.spans  # the run's costs
+                      if span.kind == kind and span.step in measured] for kind in COMPUTE}
+    summary["span_ms"] = {kind: 1e3 * sum(times) / len(times) for kind, times in lengths.items() if times}
     summary["bubble_at_costs"] = _replayed(ranks, measured[-1], num_stages, summary["span_ms"])[busiest]
     if "bubble_theory" not in summary:  # no closed form given: the schedule's order with every span one unit long
         unit = dict.fromkeys(summary["span_ms"], 1.0)
@@ -152,13 +153,6 @@ def _compare(args, summary, ranks, measured):
     summary["sent_bytes"] = [sum(post.nbytes for post in rank.posts if post.is_send and post.step in measured)
                              // len(measured) for rank in ranks]
     summary["pace_ms"], summary["paced_overruns"] = args.pace, sum(rank.overruns for rank in ranks)
-
-
-def _span_ms(ranks, measured):
-    """Each kind of computation's mean span over the measured steps, in ms: the run's costs."""
-    lengths = {kind: [span.end - span.start for rank in ranks for span in rank.spans
-                      if span.kind == kind and span.step in measured] for kind in COMPUTE}
-    return {kind: 1e3 * sum(times) / len(times) for kind, times in lengths.items() if times}
 
 
 def _replayed(ranks, step, num_stages, span_ms):
@@ -185,17 +179,14 @@ def _replayed(ranks, step, num_stages, span_ms):
 def _sends_before_receive(ranks, measured):
     """Per rank, how many of its sends in the measured steps were posted before their receive. A send
     is matched with its receive by sender, receiver, tag and order, as gloo matches them."""
-    queues = {}
+    sends, receives = defaultdict(list), defaultdict(list)  # (step, sender, receiver, tag) -> when each was posted
     for rank, records in enumerate(ranks):
-        for post in records.posts:
-            if post.step in measured:
-                sender, receiver = (rank, post.peer) if post.is_send else (post.peer, rank)
-                queues.setdefault((post.step, sender, receiver, post.tag, post.is_send), []).append(post.time)
+        for post in (post for post in records.posts if post.step in measured):
+            sender, receiver = (rank, post.peer) if post.is_send else (post.peer, rank)
+            (sends if post.is_send else receives)[post.step, sender, receiver, post.tag].append(post.time)
     early = [0] * len(ranks)
-    for (step, sender, receiver, tag, is_send), times in queues.items():
-        if is_send:
-            receives = queues.get((step, sender, receiver, tag, False), [])
-            early[sender] += sum(sent < received for sent, received in zip(times, receives))
+    for (step, sender, receiver, tag), times in sends.items():
+        early[sender] += sum(sent < received for sent, received in zip(times, receives[step, sender, receiver, tag]))
     return early
 
 
