@@ -55,6 +55,34 @@ def test_activation_bytes_are_the_saved_activations(runs):
     assert run.summary["peak_activation_bytes"][1] == 3 * 10 * 24 * 8
 
 
+def test_table_is_the_summary(runs):
+    """Each column of the printed table is the JSON summary's field of its header, on every rank (08 at
+    2 x 2 x 2 has every column: the gradient all-reduce, the shards' all-reduces and the parameter bytes)."""
+    run = runs("08_3d.py", 8, *SIZE, "--data-parallel", "2", "--tensor-parallel", "2", "--micro-batches", "3")
+    summary, span = run.summary, lambda first, last: f"{first}-{last - 1}"
+    size = lambda count: f"{count / 2**20:.2f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"  # noqa: E731
+    columns = [("rank", lambda rank: str(rank)), ("layers", lambda rank: span(*summary["stage_layers"][rank])),
+               ("compute ms", lambda rank: f"{summary['compute_ms'][rank]:.1f}"),
+               ("idle ms", lambda rank: f"{summary['idle_ms'][rank]:.1f}"),
+               ("bubble", lambda rank: f"{summary['bubble_per_rank'][rank]:.3f}"),
+               ("theory", lambda rank: f"{summary['bubble_theory']:.3f}"),
+               ("in flight", lambda rank: str(summary["peak_inflight_microbatches"][rank])),
+               ("theory", lambda rank: str(summary["expected_inflight_microbatches"][rank])),
+               ("activations", lambda rank: size(summary["peak_activation_bytes"][rank])),
+               ("held", lambda rank: size(summary["peak_held_bytes"][rank])),
+               ("all-reduce", lambda rank: f"{summary['allreduce_ms'][rank]:.1f}"),
+               ("hidden", lambda rank: f"{summary['allreduce_hidden_ms'][rank]:.1f}"),
+               ("TP", lambda rank: f"{summary['tp_allreduce_ms'][rank]:.1f}"),
+               ("params", lambda rank: str(summary["parameter_bytes"][rank])),
+               ("theory", lambda rank: str(summary["expected_parameter_bytes"][rank]))]
+    lines = run.stdout.splitlines()
+    first = next(index for index, line in enumerate(lines) if line.split()[:2] == ["rank", "layers"])
+    cells = lambda line: [line[12 * column:12 * column + 11].strip() for column in range(len(columns))]  # noqa: E731
+    assert cells(lines[first]) == [header for header, _ in columns]
+    for rank in range(8):
+        assert cells(lines[first + 1 + rank]) == [value(rank) for _, value in columns], rank
+
+
 def test_trace_has_a_span_per_micro_batch(runs):
     world, micro_batches = 4, 7
     run = pipelined(runs, "03_1f1b.py", world, micro_batches)
