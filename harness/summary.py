@@ -232,4 +232,4 @@ def _table(summary, layers):
 
 
 def _bytes(count):
-    return f"{count / 2**20:.2f} MiB"
+    return f"{count / 2**20:.2f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
