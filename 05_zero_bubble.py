@@ -67,7 +67,7 @@ def forward_step(micro_batch, input_tensor, inputs, labels):
         return forward_pass(stage, input_tensor, inputs, labels)
 
 
-def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels, chunk=0):
+def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels):
     """B: backpropagate to this stage's input and to each Linear's output, not to the weights;
     return the gradient for the previous stage, and what W needs."""
     with record("backward", micro_batch):
