@@ -25,6 +25,7 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step
+from theory import naive_bubble
 
 args = parse_args(__doc__)
 rank, num_stages, device = setup(args)
@@ -91,4 +92,4 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
-report(args, [stage], expected_inflight=lambda rank: 1, bubble_theory=(num_stages - 1) / num_stages)
+report(args, [stage], expected_inflight=lambda rank: 1, bubble_theory=naive_bubble(num_stages))

@@ -26,6 +26,7 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step
+from theory import gpipe_bubble
 
 args = parse_args(__doc__, micro_batches=True)
 rank, num_stages, device = setup(args)
@@ -95,4 +96,4 @@ for step in range(args.steps):
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
 report(args, [stage], expected_inflight=lambda rank: args.micro_batches,
-       bubble_theory=(num_stages - 1) / (args.micro_batches + num_stages - 1))
+       bubble_theory=gpipe_bubble(num_stages, args.micro_batches))

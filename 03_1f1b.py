@@ -28,6 +28,7 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step
+from theory import gpipe_bubble, one_f_one_b_inflight
 
 args = parse_args(__doc__, micro_batches=True)
 rank, num_stages, device = setup(args)
@@ -116,5 +117,5 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
-report(args, [stage], expected_inflight=lambda rank: min(num_stages - rank, args.micro_batches),
-       bubble_theory=(num_stages - 1) / (args.micro_batches + num_stages - 1))
+report(args, [stage], expected_inflight=lambda rank: one_f_one_b_inflight(num_stages, args.micro_batches, rank),
+       bubble_theory=gpipe_bubble(num_stages, args.micro_batches))

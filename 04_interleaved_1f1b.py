@@ -24,6 +24,7 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step
+from theory import interleaved_inflight
 
 args = parse_args(__doc__, micro_batches=True, virtual_stages=True)
 rank, num_ranks, device = setup(args)
@@ -147,7 +148,6 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
-# alive at a rank's first backward, its peak: the micro-batches (not holes) of its warm-up and one more forward;
 # no closed form for the bubble with holes, so the harness replays the schedule at unit times
-report(args, stages, expected_inflight=lambda rank: sum(get_microbatch_id(k) < args.micro_batches for k in range(
-    min(get_num_warmup_microbatches(rank) + 1, num_microbatches))))
+report(args, stages,
+       expected_inflight=lambda rank: interleaved_inflight(num_ranks, args.micro_batches, num_chunks, rank))

@@ -32,6 +32,7 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step, track
+from theory import zb_h1_bubble, zb_h1_inflight
 
 args = parse_args(__doc__, micro_batches=True)
 rank, num_stages, device = setup(args)
@@ -166,6 +167,5 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
-n, m = num_stages, args.micro_batches
-report(args, [stage], expected_inflight=lambda rank: min(n, m),  # from F to W: 1F1B's n - r, and r W's deferred
-       bubble_theory=1 - 3 * m / max(3 * m + n - 1, 2 * m + 2 * n - 1))  # equal F, B, W; see the README
+report(args, [stage], expected_inflight=lambda rank: zb_h1_inflight(num_stages, args.micro_batches),
+       bubble_theory=zb_h1_bubble(num_stages, args.micro_batches))  # equal F, B, W; see the README

@@ -22,10 +22,11 @@ from common import (
     post,
     release,
     setup,
+    timetable,
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step, track
-from replay import timetable
+from theory import zbv_bubble, zbv_inflight
 
 args = parse_args(__doc__, micro_batches=True, v_shape=True)
 rank, num_ranks, device = setup(args, placement="v")
@@ -156,7 +157,5 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
-# in flight from F to W, at this rank's first chunk-1 backward: its chunk-0 and chunk-1 forwards so far
-n, m = num_ranks, args.micro_batches
-report(args, stages, expected_inflight=lambda rank: min(2 * n - rank - 1, m) + min(rank + 1, m),
-       bubble_theory=1 - 6 * m / max(6 * m + n - 1, 4 * m + 4 * n - 2))  # equal F, B, W; see the README
+report(args, stages, expected_inflight=lambda rank: zbv_inflight(num_ranks, args.micro_batches, rank),
+       bubble_theory=zbv_bubble(num_ranks, args.micro_batches))  # equal F, B, W; see the README

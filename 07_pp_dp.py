@@ -35,6 +35,7 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, started, timed_step
+from theory import gpipe_bubble, one_f_one_b_inflight
 
 args = parse_args(__doc__, micro_batches=True, data_parallel=True)
 rank, num_stages, device = setup(args, data_parallel=True)  # within this rank's pipeline: its stage, the stage count
@@ -140,5 +141,6 @@ for step in range(args.steps):
     log_step(step, loss if copy == num_copies - 1 else None)  # once a step, by the last rank
 dump(args.dump_params, dict(stage.named_parameters()))
 # rank: a rank of the world, whose stage is rank % num_stages
-report(args, [stage], expected_inflight=lambda rank: min(num_stages - rank % num_stages, args.micro_batches),
-       bubble_theory=(num_stages - 1) / (args.micro_batches + num_stages - 1))
+report(args, [stage],
+       expected_inflight=lambda rank: one_f_one_b_inflight(num_stages, args.micro_batches, rank % num_stages),
+       bubble_theory=gpipe_bubble(num_stages, args.micro_batches))

@@ -38,6 +38,7 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, started, timed_step
+from theory import gpipe_bubble, one_f_one_b_inflight
 
 args = parse_args(__doc__, micro_batches=True, data_parallel=True, tensor_parallel=True)
 rank, num_stages, device = setup(args, data_parallel=True, tensor_parallel=True)  # its stage, the stage count
@@ -226,7 +227,7 @@ def parameter_bytes(rank):
     blocks, columns, hidden = last - first, (last - first + 1) // 2, args.hidden
     numbers = (blocks * hidden + columns) * hidden // num_shards + (blocks - columns) * hidden
     numbers += (last == args.layers) * (hidden + 1) * NUM_CLASSES  # the head, on every shard of the last stage
-    return numbers * torch.finfo(getattr(torch, args.dtype)).bits // 8
+    return numbers * next(stage.parameters()).element_size()  # bytes a number, in the run's dtype
 
 
 for step in range(args.steps):
@@ -243,6 +244,6 @@ for step in range(args.steps):
     log_step(step, loss if copy == num_copies - 1 and shard == num_shards - 1 else None)  # once a step, the last rank
 dump(args.dump_params, whole(lambda param: param))
 # rank: a rank of the world, whose stage is rank // t % num_stages
-report(args, [stage], expected_inflight=lambda rank: min(num_stages - rank // num_shards % num_stages,
-                                                         args.micro_batches),
-       bubble_theory=(num_stages - 1) / (args.micro_batches + num_stages - 1), expected_parameter_bytes=parameter_bytes)
+report(args, [stage], expected_inflight=lambda rank: one_f_one_b_inflight(num_stages, args.micro_batches,
+                                                                         rank // num_shards % num_stages),
+       bubble_theory=gpipe_bubble(num_stages, args.micro_batches), expected_parameter_bytes=parameter_bytes)

@@ -1,9 +1,9 @@
-"""What the lesson needs: start-up, the MLP and its partitioner, the data, and point-to-point helpers
-named by direction (06's moments to send come from replay.py).
+"""What the lesson needs: start-up, the MLP and its partitioner, the data, point-to-point helpers named by
+direction, and (06) the moments to send and receive when a schedule's order is a table.
 
 The schedules themselves (what is sent, when, and what is stashed for backward) live in the
-numbered scripts. The rules that keep the helpers' promises live in guarantees.py; measuring,
-checking and reporting in harness/. A reader can skip both.
+numbered scripts. Every send and receive runs through the rules in guarantees.py, each a named call
+with a one-line contract there; measuring, checking and reporting live in harness/, which a reader can skip.
 """
 
 import collections
@@ -11,6 +11,7 @@ import datetime
 import math
 import os
 import zlib
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import guarantees
 import harness
+import theory
 
 NUM_CLASSES = 10
 
@@ -36,7 +38,8 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
     stage is --tensor-parallel shards, a third axis."""
     global _rank, _num_ranks, _device, _dtype, _placement, _mesh, _group
     harness.before_setup(args)  # cores and threads
-    timeout, _dtype = datetime.timedelta(seconds=args.timeout), getattr(torch, args.dtype)  # timeout: every wait
+    timeout = datetime.timedelta(seconds=args.timeout)  # every wait's
+    _dtype = getattr(torch, args.dtype)  # the run's, looked up once
     if "RANK" not in os.environ:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     elif torch.cuda.is_available():
@@ -122,7 +125,7 @@ def _init_linear(linear, seed, layer, gain):
 def build_stage(args, stage, num_stages, device):
     """Stage `stage` of `num_stages`, and only it, in the run's dtype on its device."""
     first, last = partition(args.layers, num_stages)[stage]
-    return Stage(args, first, last, has_head=stage == num_stages - 1).to(device, getattr(torch, args.dtype))
+    return Stage(args, first, last, has_head=stage == num_stages - 1).to(device, _dtype)
 
 
 def get_batch(args, step, device):
@@ -133,7 +136,7 @@ def get_batch(args, step, device):
     generator = torch.Generator().manual_seed(seed_for(args.seed, "batch", step))
     labels = torch.randint(NUM_CLASSES, (args.batch_size,), generator=generator)
     inputs = centres[labels] + torch.randn(args.batch_size, args.hidden, generator=generator)
-    return inputs.to(device, getattr(torch, args.dtype)), labels.to(device)
+    return inputs.to(device, _dtype), labels.to(device)
 
 
 # ----------------------------------------------------------------------------- point-to-point
@@ -182,7 +185,7 @@ def post(*operations):
     NCCL runs two ranks' sends and receives in order on one stream: those that must overlap go together."""
     guarantees.hold_back()
     messages, arrivals = [], {}  # to and from other ranks; Recv -> its Message
-    for op in sorted(operations, key=lambda op: isinstance(op, Recv)):  # sends first
+    for op in operations:
         is_send = isinstance(op, Send)
         link, message = _link(op, sending=is_send), None  # None where the pipeline ends
         if link is not None and link.peer == dist.get_rank():  # a link to itself: the tensor stays on this rank
@@ -225,7 +228,7 @@ def wait_for_sends():
 
 def stage_of(rank, chunk):
     """The stage that chunk `chunk` of rank `rank` of this pipeline holds, as setup's placement puts it."""
-    return chunk * _num_ranks + rank if _placement == "loop" else (rank, 2 * _num_ranks - 1 - rank)[chunk]
+    return theory.stage(_placement, _num_ranks, rank, chunk)
 
 
 def _link(operation, sending):
@@ -240,3 +243,43 @@ def _link(operation, sending):
     peer = peer if _group is None else dist.get_global_rank(_group, peer)
     tag = guarantees.tag(operation.micro_batch, boundary, operation.is_gradient, last + 1)
     return guarantees.Link(peer, tag, operation.micro_batch, operation.chunk, operation.is_gradient)
+
+
+# ----------------------------------------------------------------------------- a schedule as a table (06)
+
+
+class Moment(NamedTuple):
+    """What a rank does at one moment of a replayed schedule, in this order."""
+    sends: list  # (kind, chunk, micro_batch) of its computation that ends now, if its result goes to another stage
+    recvs: list  # Recvs of the tensors made now for it
+    computation: tuple  # (kind, chunk, micro_batch) that it starts now, or None
+    releases: list  # Sends (without their tensor) of its own that their receiver uses now
+
+
+def timetable(schedules, rank, shapes):
+    """Rank's moments, in time order, at one unit a computation (replay; a full backward two): each tensor is sent and
+    received the moment it is made, and let go of by its sender when its receiver uses it. schedules: every
+    rank's (kind, chunk, micro_batch) in order, its chunks placed as setup placed them; shapes: each micro-batch's."""
+    num_stages = 1 + max(stage_of(other, chunk) for other, schedule in enumerate(schedules) for _, chunk, _ in schedule)
+    starts = theory.replay(schedules, stage_of, num_stages)
+    moments = {}
+    moment = lambda time: moments.setdefault(time, Moment([], [], None, []))  # noqa: E731
+    for other, schedule in enumerate(schedules):
+        for kind, chunk, i in schedule:
+            stage = stage_of(other, chunk)
+            if other == rank:
+                moments[starts[stage, kind, i]] = moment(starts[stage, kind, i])._replace(computation=(kind, chunk, i))
+            is_gradient = kind in ("backward", "full_backward")  # a backward's result goes to the previous stage
+            target = stage - 1 if is_gradient else stage + 1 if kind == "forward" else -1  # the stage that uses it
+            if not 0 <= target < num_stages:
+                continue
+            made = starts[stage, kind, i] + theory.UNIT[kind]
+            users = ("backward", "full_backward") if is_gradient else ("forward",)  # what uses it on the target stage
+            used = next(starts[target, user, i] for user in users if (target, user, i) in starts)
+            if other == rank:
+                moment(made).sends.append((kind, chunk, i))
+                moment(used).releases.append(Send(i, None, is_gradient, chunk))
+            for target_chunk in range(guarantees.num_chunks):
+                if stage_of(rank, target_chunk) == target:  # a stage of this rank's
+                    moment(made).recvs.append(Recv(i, shapes[i], is_gradient, target_chunk))
+    return [moments[time] for time in sorted(moments)]

@@ -1,5 +1,8 @@
 """The rules that keep the point-to-point helpers' promises, each named, with the test that checks it
-(test_guarantees.py breaks each through its name). A reader of 01-03 can skip this file.
+(tests/test_guarantees.py breaks each through its name). Every send and receive of every script runs
+through them: common.post() calls hold_back, wire_tag, stay_local and posted; a receive's tensor comes
+through arrive (wait, then release_on_arrival); wait_for_sends() is release_all. The names and these
+contracts are what a reader of 01-03 needs; the bodies are how each rule is kept.
 
 release_on_arrival  a send is let go once a tensor from its peer proves it arrived (test_memory_follows_inflight)
 hold_back   --sync-sends runs a rank's groups one after another, as NCCL does (test_sync_sends_catches_a_*)
@@ -10,8 +13,6 @@ wait        a failed wait is one sentence naming the rank waited for (test_stuck
 
 import collections
 import dataclasses
-
-import torch.distributed as dist
 
 import harness
 
@@ -122,6 +123,4 @@ def wait(request, link, verb):
             request.wait()  # no timeout here: on NCCL a timed wait blocks the host; --timeout bounds it
     except RuntimeError as error:
         where = f"micro-batch {link.micro_batch}" + (f", chunk {link.chunk}" if num_chunks > 1 else "")
-        raise harness.PipelineError(f"rank {dist.get_rank()} gave up in {what} ({where}) waiting for rank {link.peer} "
-                                    f"({str(error).splitlines()[0]}); rank {link.peer} may be stuck, dead or itself "
-                                    f"waiting, or just slower than --timeout") from None
+        raise harness.gave_up(f"{what} ({where})", f"rank {link.peer}", error, f"rank {link.peer}") from None

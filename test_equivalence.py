@@ -6,7 +6,7 @@ The baseline (00) runs in the same session; nothing is compared against stored n
 import pytest
 import torch
 
-from conftest import CASES, EXACT, SIZE, assert_close, assert_matches, case_ids, pipelined
+from tests.launch import CASES, EXACT, SIZE, assert_close, assert_matches, case_ids, pipelined
 
 
 @pytest.mark.parametrize("script,world,micro_batches,flags", CASES, ids=case_ids(CASES, "", "n", "m"))

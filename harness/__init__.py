@@ -9,10 +9,10 @@ summary.py   report: every rank's records on rank 0, the summary, its comparison
 pictures.py  the last step as text and as an SVG, and every span as a Chrome trace
 """
 
-from harness.flags import PipelineError, fail, parse_args
+from harness.flags import PipelineError, fail, gave_up, parse_args
 from harness.meters import log_step, posted, record, started, timed_step, track
 from harness.startup import after_setup, before_setup, dump, finish
 from harness.summary import report
 
-__all__ = ["PipelineError", "after_setup", "before_setup", "dump", "fail", "finish", "log_step", "parse_args",
-           "posted", "record", "report", "started", "timed_step", "track"]
+__all__ = ["PipelineError", "after_setup", "before_setup", "dump", "fail", "finish", "gave_up", "log_step",
+           "parse_args", "posted", "record", "report", "started", "timed_step", "track"]

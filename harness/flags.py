@@ -6,10 +6,21 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
+
+import schedules
 
 
 class PipelineError(Exception):
     """A failure explained in one sentence: printed as such, without a traceback."""
+
+
+def gave_up(doing, waiting_for, error, who):
+    """A wait that failed, as the one sentence every wait says: what this rank was doing, whom it waited for,
+    and `who` of them may be to blame."""
+    return PipelineError(f"rank {dist.get_rank()} gave up in {doing} waiting for {waiting_for} "
+                         f"({str(error).splitlines()[0]}); {who} may be stuck, dead or itself waiting, "
+                         "or just slower than --timeout")
 
 
 def fail(message):
@@ -23,10 +34,9 @@ def fail(message):
     os._exit(2)  # skip interpreter teardown: nothing to save, and no rank waits on us
 
 
-def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False, data_parallel=False, v_shape=False,
-               tensor_parallel=False):
-    """The flags every script takes; each mistake ends the run with one sentence. v_shape (06): two model
-    chunks per rank, placed as a V, and no --virtual-stages flag."""
+def model_flags(doc, micro_batches=False, v_shape=False):
+    """The flags of the model, the data, the training and the processes, which every script and
+    tools/torch_schedules.py take. v_shape (06): two model chunks per rank, placed as a V."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.error = lambda message: fail(f"{message} (see --help)")  # one sentence, not argparse's usage
@@ -38,13 +48,6 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     parser.add_argument("--batch-size", type=int, default=256, help="samples per optimizer step")
     if micro_batches:
         parser.add_argument("--micro-batches", type=int, default=8, help="micro-batches each batch is split into")
-    if virtual_stages:
-        parser.add_argument("--virtual-stages", type=int, default=2, help="model chunks per rank")
-    if data_parallel:
-        parser.add_argument("--data-parallel", type=int, default=1, metavar="D",
-                            help="pipelines side by side, world / D stages each, their gradients summed")
-    if tensor_parallel:
-        parser.add_argument("--tensor-parallel", type=int, default=1, metavar="T", help="shards a stage, cut by width")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
     parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
@@ -53,6 +56,28 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     parser.add_argument("--threads", type=int, default=cores_per_rank,
                         help="torch threads per rank (default: cores / ranks on this host)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on another, then gives up")
+    return parser
+
+
+def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False, data_parallel=False, v_shape=False,
+               tensor_parallel=False, schedule=False):
+    """The flags every script takes; each mistake ends the run with one sentence. v_shape (06): two model
+    chunks per rank, placed as a V, and no --virtual-stages flag. schedule (09): --schedule names the table."""
+    parser = model_flags(doc, micro_batches, v_shape)
+    if schedule:
+        parser.add_argument("--schedule", default="1f1b", metavar="NAME",
+                            help=f"the table to run, one of: {', '.join(schedules.SCHEDULES)}")
+        looping = [name for name in schedules.SCHEDULES if schedules.takes_virtual_stages(name)]
+        parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",
+                            help=f"model chunks per rank, for the schedules that take them ({', '.join(looping)}; "
+                                 "default 2)")
+    if virtual_stages:
+        parser.add_argument("--virtual-stages", type=int, default=2, help="model chunks per rank")
+    if data_parallel:
+        parser.add_argument("--data-parallel", type=int, default=1, metavar="D",
+                            help="pipelines side by side, world / D stages each, their gradients summed")
+    if tensor_parallel:
+        parser.add_argument("--tensor-parallel", type=int, default=1, metavar="T", help="shards a stage, cut by width")
     if not one_process:
         parser.add_argument("--sync-sends", action="store_true",
                             help="NCCL's rules on gloo: a rank's groups run in turn, each done once its sends are "
@@ -70,8 +95,30 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     parser.add_argument("--overhead", action="store_true",
                         help="instrument the even steps only, and compare their time with the odd steps'")
     args = parser.parse_args()
+    if schedule:
+        _check_schedule(args)
     _check(args, one_process, virtual_stages)
     return args
+
+
+def _check_schedule(args):
+    """09: a schedule we have, --virtual-stages only where it means something, and a layout its table can take.
+    Sets args.virtual_stages to the model chunks per rank that the schedule places."""
+    if args.schedule not in schedules.SCHEDULES:
+        fail(f"--schedule {args.schedule} is not a schedule of ours: pass one of {', '.join(schedules.SCHEDULES)}.")
+    placement = schedules.SCHEDULES[args.schedule][1]
+    if schedules.takes_virtual_stages(args.schedule):
+        args.virtual_stages = 2 if args.virtual_stages is None else args.virtual_stages
+    elif args.virtual_stages is not None:
+        chunks = "two model chunks on each rank, as a V" if placement == "v" else "one model chunk on each rank"
+        fail(f"--schedule {args.schedule} places {chunks}, so --virtual-stages means nothing to it: leave it out.")
+    else:
+        args.virtual_stages = 2 if placement == "v" else 1
+    num_ranks = int(os.environ.get("WORLD_SIZE", 1))
+    try:
+        schedules.table(args.schedule, num_ranks, max(1, args.micro_batches), max(1, args.virtual_stages))
+    except ValueError as error:
+        fail(f"--schedule {args.schedule} on {num_ranks} rank{'s' * (num_ranks > 1)}: {error}")
 
 
 def _check(args, one_process, virtual_stages):

@@ -8,10 +8,9 @@ import weakref
 from collections import namedtuple
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from harness.flags import PipelineError
+from harness.flags import gave_up
 
 COMPUTE = ("forward", "backward", "weight")  # the kinds of span that compute; the others: "wait", "allreduce", TP
 TP = "tp_allreduce"  # 08's tensor-parallel all-reduces and gathers, inside its forwards and backwards
@@ -162,9 +161,7 @@ class _Started(namedtuple("_Started", "kind requests begun nbytes")):
                 request.wait()
         except RuntimeError as error:
             peers = "its copies" if self.kind == "allreduce" else "the other shards of its stage"
-            raise PipelineError(f"rank {dist.get_rank()} gave up in {self.kind} waiting for {peers} "
-                                f"({str(error).splitlines()[0]}); one may be stuck, dead or itself waiting, "
-                                "or just slower than --timeout") from None
+            raise gave_up(self.kind, peers, error, "one") from None
         if self.begun is not None:
             recorder.pending.append(Span(recorder.step, self.kind, 0, 0, self.begun, _mark(), self.nbytes))
 

@@ -11,6 +11,7 @@ from collections import defaultdict, namedtuple
 import torch
 import torch.distributed as dist
 
+import theory
 from harness import pictures
 from harness.meters import COMPUTE, TP, recorder
 from harness.startup import finish
@@ -158,8 +159,6 @@ def _compare(args, summary, ranks, measured):
 def _replayed(ranks, step, num_stages, span_ms):
     """Each rank's bubble if every pipeline ran the order its ranks computed in `step`, with every
     span of a kind taking span_ms[kind]. Stages are ordered by their first layer."""
-    import replay  # here, not at the top: replay imports common, which imports the harness
-
     bubbles = []
     for first in range(0, len(ranks), num_stages):
         pipeline = ranks[first:first + num_stages]
@@ -168,11 +167,7 @@ def _replayed(ranks, step, num_stages, span_ms):
         firsts = sorted({first for rank in pipeline for first, _ in rank.layers})  # 08: a stage's shards share it
         stages = {(rank, chunk): firsts.index(first)
                   for rank, records in enumerate(pipeline) for chunk, (first, _) in enumerate(records.layers)}
-        starts = replay.replay(schedules, lambda rank, chunk: stages[rank, chunk], len(firsts),
-                               duration=lambda kind: span_ms[kind])
-        length = max(starts[stages[rank, chunk], kind, micro_batch] + span_ms[kind]
-                     for rank, schedule in enumerate(schedules) for kind, chunk, micro_batch in schedule)
-        bubbles += [1 - sum(span_ms[kind] for kind, _, _ in schedule) / length for schedule in schedules]
+        bubbles += theory.bubbles(schedules, lambda rank, chunk: stages[rank, chunk], len(firsts), span_ms)
     return bubbles
 
 

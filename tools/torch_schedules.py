@@ -1,10 +1,10 @@
 """The same MLP, data, loss and optimizer as the numbered scripts, scheduled by PyTorch's own
 torch.distributed.pipelining, to compare step times in the same sitting.
 
-    torchrun --nproc_per_node=2 torch_schedules.py --schedule 1f1b
-    torchrun --nproc_per_node=2 torch_schedules.py --schedule interleaved-1f1b
-    torchrun --nproc_per_node=2 torch_schedules.py --schedule interleaved-zero-bubble
-    torchrun --nproc_per_node=2 torch_schedules.py --schedule zbv-zero-bubble
+    torchrun --nproc_per_node=2 tools/torch_schedules.py --schedule 1f1b
+    torchrun --nproc_per_node=2 tools/torch_schedules.py --schedule interleaved-1f1b
+    torchrun --nproc_per_node=2 tools/torch_schedules.py --schedule interleaved-zero-bubble
+    torchrun --nproc_per_node=2 tools/torch_schedules.py --schedule zbv-zero-bubble
 
 Stage s of n * v stages is common.build_stage(args, s, n * v, device): v = 1 for 1f1b, 2 for
 the others. The interleaved schedules put stages r and r + n on rank r (loop), ZBV puts stages
@@ -14,10 +14,9 @@ scale_grads=False keeps PyTorch from dividing the summed gradients by the micro-
 the gradients and losses are the baseline's. It prints one JSON line from rank 0.
 """
 
-import argparse
-import datetime
 import json
 import os
+import sys
 import time
 
 import torch
@@ -31,35 +30,20 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 
-import common
-import harness
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the lesson's modules, at the root
+import common  # noqa: E402
+import harness  # noqa: E402
 
 SCHEDULES = {"1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
              "interleaved-zero-bubble": ScheduleInterleavedZeroBubble, "zbv-zero-bubble": ScheduleZBVZeroBubble}
 
-parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser = harness.flags.model_flags(__doc__, micro_batches=True)  # the scripts' own flags
 parser.add_argument("--schedule", choices=SCHEDULES, default="interleaved-1f1b")
-parser.add_argument("--layers", type=int, default=16, help="hidden blocks (Linear + ReLU) before the head")
-parser.add_argument("--hidden", type=int, default=1024, help="width of every block")
-parser.add_argument("--batch-size", type=int, default=256, help="samples per optimizer step")
-parser.add_argument("--micro-batches", type=int, default=8, help="micro-batches each batch is split into")
-parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
-parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate")
-parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
-parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-parser.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks on this host)")
-parser.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on another, then gives up")
+parser.set_defaults(no_instrument=True, overhead=False, pace=0.0)  # what common.setup also reads
 args = parser.parse_args()
-args.threads = args.threads or max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-args.no_instrument, args.overhead, args.pace = True, False, 0.0  # what harness.before_setup also reads
 if args.batch_size % args.micro_batches:  # PyTorch sizes its receive buffers from the first micro-batch
     harness.fail(f"--batch-size {args.batch_size} does not split into {args.micro_batches} equal micro-batches.")
-harness.before_setup(args)  # each rank on its own cores, args.threads threads
-
-timeout = datetime.timedelta(seconds=args.timeout)
-store = None if "RANK" in os.environ else dist.HashStore()  # without torchrun: a world of one
-dist.init_process_group("gloo", store=store, rank=0 if store else -1, world_size=1 if store else -1, timeout=timeout)
-rank, n, device = dist.get_rank(), dist.get_world_size(), torch.device("cpu")
+rank, n, device = common.setup(args)  # each rank on its own cores, one clock, the run's dtype
 v = 1 if args.schedule == "1f1b" else 2
 if n * v > args.layers:
     harness.fail(f"{n * v} stages cannot share {args.layers} layers: pass --layers {n * v} or more.")
@@ -93,9 +77,9 @@ for step in range(args.steps):
     losses.append(sum(micro_losses).item() if has_last else 0.0)
 
 # A step runs from its first start on any rank to its last end on any rank (one clock on one host).
-everyone = [torch.zeros(args.steps, 2, dtype=torch.float64) for _ in range(n)]
-dist.all_gather(everyone, torch.tensor(times, dtype=torch.float64))
-losses = torch.tensor(losses, dtype=torch.float64)
+everyone = [torch.zeros(args.steps, 2, dtype=torch.float64, device=device) for _ in range(n)]
+dist.all_gather(everyone, torch.tensor(times, dtype=torch.float64, device=device))
+losses = torch.tensor(losses, dtype=torch.float64, device=device)
 dist.all_reduce(losses)  # only the rank holding the last stage has non-zero losses
 if rank == 0:
     step_ms = [1e3 * (max(float(t[s, 1]) for t in everyone) - min(float(t[s, 0]) for t in everyone))

@@ -4,7 +4,7 @@ guarantee it keeps fails where the suite checks it. The unbroken runs are checke
 import subprocess
 import sys
 
-from conftest import (
+from tests.launch import (
     EARLY_RECEIVE,
     ENV,
     MEMORY,

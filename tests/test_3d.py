@@ -2,7 +2,9 @@
 the baseline's gradients, losses and parameters; each shard starts from the baseline's slice of each weight;
 the whole parameters keep the same bits on every shard and copy after every step; the shards' all-reduces,
 the bytes they carry, the bytes sent and the parameter bytes are the formulas; --tensor-parallel 1 is 07 bit
-for bit; paced at 2 stages x 2 shards, the busiest rank's bubble is 1F1B's."""
+for bit; paced at 2 stages x 2 shards, the busiest rank's bubble is 1F1B's. The checks catch a generator
+seeded by rank and shards that sum in orders of their own. A two-node launch (a stage on each node) trains
+like one; a stopped shard and each bad layout end with one sentence, and every rank stops."""
 
 import json
 import os
@@ -16,7 +18,7 @@ import pytest
 import torch
 
 import common
-from conftest import (
+from tests.launch import (
     ENV,
     EXACT,
     HERE,

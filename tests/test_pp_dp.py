@@ -1,6 +1,7 @@
 """07: pipelines side by side. Every layout gives the baseline's gradients, losses and parameters;
 every copy of a stage holds the same bits after every step; the all-reduce starts after the rank's
-last backward and, under pacing, only the first stage's adds to the step."""
+last backward and, under pacing, only the first stage's adds to the step. A two-node launch trains
+like one; a stopped rank and each bad layout end with one sentence."""
 
 import json
 import os
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import harness
-from conftest import (
+from tests.launch import (
     ENV,
     EXACT,
     HERE,

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import start_ranks, wait_ranks
+from tests.launch import start_ranks, wait_ranks
 
 # 7 layers on 4 stages (unequal ones); 16 samples in 4 equal micro-batches, since PyTorch's
 # schedules size their receive buffers from the first micro-batch.
@@ -21,7 +21,7 @@ EXACT = 1e-10
 
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b", "interleaved-zero-bubble", "zbv-zero-bubble"])
 def test_matches_baseline(runs, tmp_path, schedule):
-    command = [sys.executable, "torch_schedules.py", "--schedule", schedule, *FLAGS, "--micro-batches", "4"]
+    command = [sys.executable, "tools/torch_schedules.py", "--schedule", schedule, *FLAGS, "--micro-batches", "4"]
     codes = wait_ranks(start_ranks(command, 2, tmp_path), timeout=60)
     stderr = "".join((tmp_path / f"stderr{rank}").read_text() for rank in range(2))
     assert codes == [0, 0], f"{schedule} exited {codes}:\n{stderr[-3000:]}"

@@ -1,9 +1,9 @@
 """Rerun every measured table and picture that the README and docs/ show, one run at a time, and
-write docs/measured.md and img/*.svg. Run it on an otherwise idle machine.
+write docs/measured.md and docs/img/*.svg. Run it on an otherwise idle machine.
 
-    python measure.py                                # about 14 minutes on 2 cores
-    python measure.py --quick --out /tmp/rehearsal   # every run at its smallest, one round: a rehearsal
-    python measure.py --recompute-rounds 0           # without --recompute's 8 rounds of step times (2.5 minutes)
+    python tools/measure.py                                # about 14 minutes on 2 cores
+    python tools/measure.py --quick --out /tmp/rehearsal   # every run at its smallest, one round: a rehearsal
+    python tools/measure.py --recompute-rounds 0           # without --recompute's 8 rounds of step times (2.5 minutes)
 
 Each run goes through torchrun and prints one JSON summary line (--json), which is all this reads.
 """
@@ -19,17 +19,17 @@ import sys
 import tempfile
 import time
 
-from conftest import held_theory
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root: the scripts, README.md
+sys.path.insert(0, HERE)  # the lesson's modules
+from theory import held_theory  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--quick", action="store_true", help="smallest sizes, one round: numbers that mean nothing")
-parser.add_argument("--out", default=HERE, help="where docs/measured.md and img/ go (default: this repository)")
+parser.add_argument("--out", default=HERE, help="where docs/measured.md and docs/img/ go (default: this repository)")
 parser.add_argument("--recompute-rounds", type=int, default=8, metavar="N",
                     help="rounds of 03 without and with --recompute at the default size (0: leave the section out)")
 args = parser.parse_args()
-for folder in ("docs", "img"):
-    os.makedirs(os.path.join(args.out, folder), exist_ok=True)
+os.makedirs(os.path.join(args.out, "docs", "img"), exist_ok=True)
 scratch = tempfile.mkdtemp(prefix="measure-")  # traces, and the output of a run that failed
 
 # The sizes: the full run's, or the smallest that still runs every schedule (--quick).
@@ -50,7 +50,7 @@ if args.quick:
 
 started = time.time()
 git = lambda *command: subprocess.run(["git", *command], cwd=HERE, capture_output=True, text=True).stdout.strip()  # noqa: E731
-# the code the figures come from, read before this run rewrites its own outputs (img/, the README's table)
+# the code the figures come from, read before this run rewrites its own outputs (docs/img/, the README's table)
 commit, dirty = git("rev-parse", "--short", "HEAD"), " (with uncommitted changes)" * bool(git("status", "--porcelain",
                                                                                              "--untracked-files=no"))
 commands = []  # what ran, as a reader would type it, for the section being measured
@@ -58,7 +58,7 @@ commands = []  # what ran, as a reader would type it, for the section being meas
 
 def run(script, ranks, flags):
     """One torchrun of script on this host: its JSON summary, and the run's wall time (start-up included)."""
-    flags = " ".join(flags.split() + ["--json"] * (script != "torch_schedules.py"))  # PyTorch's prints it always
+    flags = " ".join(flags.split() + ["--json"] * (script != "tools/torch_schedules.py"))  # PyTorch's prints it always
     shown = f"torchrun --nproc_per_node={ranks} {script} {flags}"
     for folder in (os.path.join(args.out, ""), os.path.join(scratch, "")):
         shown = shown.replace(folder, "")
@@ -117,7 +117,7 @@ for name, script, flags, m in [
         ("05 ZB-H1", "05_zero_bubble", "--micro-batches 8", 8), ("06 ZB-V", "06_zbv", "--micro-batches 8", 8),
         ("07, 2 stages x 2 copies", "07_pp_dp", "--micro-batches 4 --data-parallel 2", 4),
         ("08, 2 stages x 2 shards", "08_3d", "--micro-batches 4 --tensor-parallel 2", 4)]:
-    s = run(f"{script}.py", 4, f"{PACED} {flags} --svg {os.path.join(args.out, 'img', script + '.svg')}")
+    s = run(f"{script}.py", 4, f"{PACED} {flags} --svg {os.path.join(args.out, 'docs', 'img', script + '.svg')}")
     paced[script] = s
     rows.append([name, m, f"{s['bubble_busiest']:.3f}", f"{s['bubble_theory']:.3f}",
                  f"{s['bubble_busiest'] - s['bubble_theory']:+.3f}", s["paced_overruns"],
@@ -125,7 +125,7 @@ for name, script, flags, m in [
 out.append(f"""## Paced: each schedule alone
 
 Four ranks, every computation padded to the pace by sleeping, one run each; the pictures
-`img/*.svg` are the last step of each run. Sends before their receive are counted over the
+`docs/img/*.svg` are the last step of each run. Sends before their receive are counted over the
 measured steps (all but the first); overruns are computations that took longer than the pace.
 
 {ran()}
@@ -155,7 +155,7 @@ unit is one micro-batch's `2 x 24` float64 tensor, {unit} bytes.
 {table(["script", "in flight, ranks 0-3", "theory", "activations (B)", "held (B)", "held (units)",
         "largest held / 03's"], rows)}""")
 
-# (2b) --recompute: the same runs with the flag, each rank's held bytes beside the theory (conftest.held_theory).
+# (2b) --recompute: the same runs with the flag, each rank's held bytes beside the theory (theory.held_theory).
 rows, readme_held = [], {}  # readme_held: name -> flag -> held, ranks 0-3, for the README's table
 for name, script in [("02 GPipe", "02_gpipe"), ("03 1F1B", "03_1f1b"), ("05 ZB-H1", "05_zero_bubble"),
                      ("06 ZB-V", "06_zbv")]:
@@ -172,7 +172,7 @@ out.append(f"""## --recompute: memory at the small size
 
 The runs of "Memory at a small size", and the same with `--recompute`, in units of one micro-batch's
 `2 x 24` float64 tensor: each rank's peak held bytes beside the theory (docs/design.md,
-*Recomputation*; `conftest.held_theory`, which the tests hold every rank to), and the peak of what
+*Recomputation*; `theory.held_theory`, which the tests hold every rank to), and the peak of what
 autograd saves. With the flag a micro-batch keeps only its stage's input from F to B, and autograd
 saves one micro-batch's activations at a time, in its B.
 
@@ -184,9 +184,9 @@ saves one micro-batch's activations at a time, in its B.
 # (3) Speed: two ranks, the default size, the scripts and PyTorch's own schedules in turn, round by round.
 SPEED_RUNS = [("03 1F1B", "03_1f1b.py", ""), ("04 interleaved, v = 2", "04_interleaved_1f1b.py", "--virtual-stages 2"),
               ("05 ZB-H1", "05_zero_bubble.py", ""), ("06 ZB-V", "06_zbv.py", ""),
-              ("PyTorch `Schedule1F1B`", "torch_schedules.py", "--schedule 1f1b"),
-              ("PyTorch `ScheduleInterleaved1F1B`", "torch_schedules.py", "--schedule interleaved-1f1b"),
-              ("PyTorch `ScheduleZBVZeroBubble`", "torch_schedules.py", "--schedule zbv-zero-bubble")]
+              ("PyTorch `Schedule1F1B`", "tools/torch_schedules.py", "--schedule 1f1b"),
+              ("PyTorch `ScheduleInterleaved1F1B`", "tools/torch_schedules.py", "--schedule interleaved-1f1b"),
+              ("PyTorch `ScheduleZBVZeroBubble`", "tools/torch_schedules.py", "--schedule zbv-zero-bubble")]
 speed = [[run(script, 2, f"{SPEED} {SPEED_STEPS} {flags}") for _, script, flags in SPEED_RUNS]
          for _ in range(SPEED_ROUNDS)]
 rows = []
@@ -194,7 +194,7 @@ for index, (name, script, _) in enumerate(SPEED_RUNS):
     runs, steps = [round_[index] for round_ in speed], [round_[index]["step_ms_median"] for round_ in speed]
     ratio = median([round_[index]["step_ms_median"] / round_[0]["step_ms_median"] for round_ in speed])
     row = [name, f"{median(steps):.1f}", f"{ratio:.3f}", per_rank(f"{step:.1f}" for step in steps)]
-    if script == "torch_schedules.py":  # its JSON line has the step time only
+    if script == "tools/torch_schedules.py":  # its JSON line has the step time only
         rows.append(row + [""] * 6)
         continue
     busiest, at_costs = median([s["bubble_busiest"] for s in runs]), median([s["bubble_at_costs"] for s in runs])
@@ -336,7 +336,7 @@ minutes = (time.time() - started) / 60
 quick = "\n\n**A rehearsal (`--quick`): the smallest sizes, one round. These numbers mean nothing.**" * args.quick
 header = f"""# Measured
 
-Written by `python measure.py{' --quick' * args.quick}`, which reruns every figure the README and
+Written by `python tools/measure.py{' --quick' * args.quick}`, which reruns every figure the README and
 docs/ cite.{quick}
 
 - machine: {len(os.sched_getaffinity(0))} cores, {cpu}
@@ -356,4 +356,5 @@ if not args.quick:  # the README's --recompute table and ratio, between its two 
                       + ["", f"03's step with `--recompute` costs {readme_ratio}." if args.recompute_rounds else ""])
     with open(os.path.join(args.out, "README.md"), "w") as file:
         file.write(readme[:readme.index(begin) + len(begin)] + block + "\n" + readme[readme.index(end):])
-print(f"wrote {os.path.join(args.out, 'docs', 'measured.md')} and {os.path.join(args.out, 'img')} in {minutes:.1f} min")
+print(f"wrote {os.path.join(args.out, 'docs', 'measured.md')} and {os.path.join(args.out, 'docs', 'img')} "
+      f"in {minutes:.1f} min")

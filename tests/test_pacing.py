@@ -1,66 +1,31 @@
 """Paced runs (--pace): every computation padded to the same time, so the measured bubble is the
-schedule's own. The busiest rank's must equal the theory, derived here independently of the scripts,
-within 0.03; a schedule that waits where it need not must miss it; and the count of sends posted
-before their receive must be the one counted by hand."""
+schedule's own. The busiest rank's must equal the theory (the script's table replayed at one unit a
+computation, which the script's closed form must also equal) within 0.03; a schedule that waits where it
+need not must miss it; and the count of sends posted before their receive must be the one counted by hand."""
 
 import pytest
 
-from conftest import EXACT, SYNC, assert_close, case_ids, pipelined, size, variant
+import schedules
+from tests.launch import EXACT, SYNC, assert_close, case_ids, pipelined, size, variant
+from theory import bubbles, stage
 
 PACE = ("--pace", "50")
 TOLERANCE = 0.03
 
 
-def slots(orders):
-    """Unit-time slots a pipeline needs to run each rank's order, (kind, micro_batch, stage) in turn, when
-    a computation may start in the slot after its input was computed: a forward's in the previous stage,
-    a backward's in the next stage (on the last stage, its own forward), a weight gradient's its B."""
-    finished, time, position = {}, 0, [0] * len(orders)
-    last = max(stage for order in orders for _, _, stage in order)
-    while any(p < len(order) for p, order in zip(position, orders)):
-        ran = []
-        for rank, order in enumerate(orders):
-            if position[rank] < len(order):
-                kind, micro_batch, stage = order[position[rank]]
-                needs = {"F": ("F", micro_batch, stage - 1) if stage else None,
-                         "B": ("B", micro_batch, stage + 1) if stage < last else ("F", micro_batch, stage),
-                         "W": ("B", micro_batch, stage)}[kind]
-                if needs is None or finished.get(needs, time) < time:
-                    ran.append((rank, (kind, micro_batch, stage)))
-        for rank, done in ran:
-            finished[done] = time
-            position[rank] += 1
-        time += 1
-    return time
-
-
-def interleaved_orders(n, m, v):
-    """Megatron-LM's order on each rank: the table of (micro-batch, chunk) in groups of n, holes where
-    m is not a multiple of n, warm-up (v - 1) n + 2 (n - r - 1), then one forward and one backward."""
-    padded = -(-m // n) * n if v > 1 else m
-    table = [(group + i, chunk) for group in range(0, padded, n) for chunk in range(v) for i in range(n)]
-    orders = []
-    for rank in range(n):
-        warmup = min((v - 1) * n + 2 * (n - rank - 1) if v > 1 else n - rank - 1, len(table))
-        forwards = [("F", micro_batch, chunk * n + rank) for micro_batch, chunk in table]
-        backwards = [("B", micro_batch, (v - 1 - chunk) * n + rank) for micro_batch, chunk in table]
-        order = forwards[:warmup]
-        for i in range(len(table) - warmup):
-            order += [forwards[warmup + i], backwards[i]]
-        order += backwards[len(table) - warmup:]
-        orders.append([entry for entry in order if entry[1] < m])  # holes compute nothing
-    return orders
+# The table each script runs (01: GPipe's with one micro-batch); tests/test_schedules.py proves them its order.
+TABLES = {"01_naive.py": lambda n, m, v: schedules.gpipe(n, 1),
+          "02_gpipe.py": lambda n, m, v: schedules.gpipe(n, m),
+          "03_1f1b.py": lambda n, m, v: schedules.one_f_one_b(n, m),
+          "04_interleaved_1f1b.py": schedules.interleaved_1f1b,
+          "05_zero_bubble.py": lambda n, m, v: schedules.zb_h1(n, m)}
 
 
 def theory(script, n, m, v=1):
-    """The bubble with every computation one unit long."""
-    if script == "01_naive.py":
-        return (n - 1) / n
-    if script in ("02_gpipe.py", "03_1f1b.py"):
-        return (n - 1) / (m + n - 1)
-    if script == "05_zero_bubble.py":  # rank 0 waits 2n - 1 for its first B; ZB-H1 fills the rest
-        return 1 - 3 * m / max(3 * m + n - 1, 2 * m + 2 * n - 1)
-    return 1 - 2 * m * v / slots(interleaved_orders(n, m, v))
+    """The busiest rank's bubble when the script's table is replayed with every computation one unit long
+    (a backward, full or split, is one span in 01-05)."""
+    unit = dict.fromkeys(("forward", "backward", "weight", "full_backward"), 1.0)
+    return max(bubbles(TABLES[script](n, m, v), lambda rank, chunk: stage("loop", n, rank, chunk), n * v, unit))
 
 
 # (script, world, micro-batches, virtual stages, layers, flags): worlds 2-4; m below, at and above n;

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from conftest import MEMORY, SIZE, SYNC, assert_matches, case_ids, launch, pipelined, variant
+import schedules
+from tests.launch import MEMORY, SIZE, SYNC, assert_matches, case_ids, launch, pipelined, variant
 
 SCRIPT = "05_zero_bubble.py"
 
@@ -13,17 +14,6 @@ SCRIPT = "05_zero_bubble.py"
 # ranks; 3, 4 and 7 micro-batches of unequal size (10 samples); 7 layers, which 2, 3 and 4 ranks
 # do not divide. Under --sync-sends a deadlock would stop the run.
 CASES = [(1, 3, ()), (2, 3, SYNC), (3, 1, SYNC), (4, 2, ()), (3, 3, ()), (4, 4, SYNC), (4, 7, ()), (4, 7, SYNC)]
-
-
-def zb_h1(n, m, rank):
-    """Rank's compute order, derived from the paper's rule: 1F1B's forwards and backwards, and after
-    the backward of micro-batch i the W of micro-batch i - rank; then the W's still deferred."""
-    warmup = min(n - rank - 1, m)
-    order = [("forward", i) for i in range(warmup)]
-    for i in range(m):
-        order += [("forward", warmup + i)] if warmup + i < m else []
-        order += [("backward", i)] + ([("weight", i - rank)] if i >= rank else [])
-    return order + [("weight", i) for i in range(max(0, m - rank), m)]
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +29,14 @@ def test_matches_baseline(runs, baseline, world, micro_batches, flags):
 
 @pytest.mark.parametrize("world,micro_batches,flags", CASES, ids=case_ids(CASES, "n", "m"))
 def test_schedule_is_zb_h1(runs, world, micro_batches, flags):
-    """Every rank runs F, B and W in the rule's order, every step, and keeps min(n, m) in flight."""
+    """Every rank runs F, B and W in ZB-H1's table (schedules.zb_h1), every step, and keeps min(n, m) in flight."""
     run = pipelined(runs, SCRIPT, world, micro_batches, *flags)
     spans = [e for e in run.trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "wait"]
     for rank in range(world):
         for step in range(3):
             mine = sorted((e for e in spans if e["pid"] == rank and e["args"]["step"] == step), key=lambda e: e["ts"])
-            assert [(e["cat"], e["args"]["micro_batch"]) for e in mine] == zb_h1(world, micro_batches, rank)
+            assert [(e["cat"], e["args"]["micro_batch"]) for e in mine] == [
+                (kind, micro_batch) for kind, _, micro_batch in schedules.zb_h1(world, micro_batches)[rank]]
     inflight = min(world, micro_batches)
     assert run.summary["peak_inflight_microbatches"] == [inflight] * world
     assert run.summary["expected_inflight_microbatches"] == [inflight] * world

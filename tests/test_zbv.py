@@ -5,19 +5,19 @@ import sys
 
 import pytest
 
-from conftest import (
+from tests.launch import (
     MEMORY,
     SYNC,
     assert_matches,
     assert_one_sentence,
     case_ids,
-    held_theory,
     pipelined,
     pytorch_order,
     run_quietly,
     size,
     torchrun,
 )
+from theory import held_theory, zbv_bubble, zbv_inflight
 
 SCRIPT = "06_zbv.py"
 PACE = ("--pace", "100")  # ms: 6m + n - 1 paced units, each with about a millisecond of messaging on this machine
@@ -36,18 +36,6 @@ CASES = [
 
 def zbv(runs, world, micro_batches, layers=7, *flags):
     return pipelined(runs, SCRIPT, world, micro_batches, *flags, size=size(layers))
-
-
-def inflight_theory(n, m, rank):
-    """Chunks alive on `rank` at its first chunk-1 backward, its peak: the chunk-0 forwards of its warm-up
-    (2n - r - 1) and the chunk-1 forwards before that backward (r + 1), fewer if m is smaller."""
-    return min(2 * n - rank - 1, m) + min(rank + 1, m)
-
-
-def bubble_theory(n, m):
-    """Equal F, B, W: every rank computes 6m units of a span of 6m + n - 1, or, with too few micro-batches
-    to fill the V, of 4m + 4n - 2."""
-    return 1 - 6 * m / max(6 * m + n - 1, 4 * m + 4 * n - 2)
 
 
 @pytest.mark.parametrize("world,micro_batches,layers,flags", CASES, ids=case_ids(CASES, "n", "m", "L"))
@@ -74,14 +62,14 @@ def test_schedule_is_pytorchs_zbv(runs, world, micro_batches, layers, flags):
             mine = sorted((e for e in spans if e["pid"] == rank and e["args"]["step"] == step), key=lambda e: e["ts"])
             order = [(e["cat"], e["args"]["chunk"], e["args"]["micro_batch"]) for e in mine]
             assert order == pytorch_order(n, micro_batches, rank), (rank, step)
-    theory = [inflight_theory(n, micro_batches, rank) for rank in range(n)]
+    theory = [zbv_inflight(n, micro_batches, rank) for rank in range(n)]
     assert run.summary["peak_inflight_microbatches"] == theory
     assert run.summary["expected_inflight_microbatches"] == theory
-    assert run.summary["bubble_theory"] == pytest.approx(bubble_theory(n, micro_batches))
+    assert run.summary["bubble_theory"] == pytest.approx(zbv_bubble(n, micro_batches))
 
 
 def test_held_bytes_are_the_theory(runs):
-    """Every rank's peak held bytes are the V's count (conftest.held_theory), exactly, and the largest is below 05's."""
+    """Every rank's peak held bytes are the V's count (theory.held_theory), exactly, and the largest is below 05's."""
     world, m, rows, hidden, layers = 4, 8, 2, 24, 16
     summary = pipelined(runs, SCRIPT, world, m, size=MEMORY).summary
     unit = rows * hidden * 8  # one rows x hidden float64 tensor
@@ -98,8 +86,8 @@ def test_paced_bubble_is_the_theory_and_below_05s(runs, world):
     m, layers = 2 * world, 7 if world < 4 else 9
     summary = zbv(runs, world, m, layers, *PACE).summary
     assert summary["paced_overruns"] == 0
-    assert summary["bubble_at_costs"] == pytest.approx(bubble_theory(world, m), abs=0.01), "its order, replayed"
-    assert summary["bubble_busiest"] == pytest.approx(bubble_theory(world, m), abs=0.03)
+    assert summary["bubble_at_costs"] == pytest.approx(zbv_bubble(world, m), abs=0.01), "its order, replayed"
+    assert summary["bubble_busiest"] == pytest.approx(zbv_bubble(world, m), abs=0.03)
     zero_bubble = pipelined(runs, "05_zero_bubble.py", world, m, *PACE, size=size(layers)).summary
     assert summary["bubble_busiest"] < zero_bubble["bubble_busiest"]
 

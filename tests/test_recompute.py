@@ -1,12 +1,14 @@
 """--recompute: each stage keeps only its input for a micro-batch in flight and runs its forward again
 inside the backward. Every script gives the baseline's gradients, losses and parameters, bitwise those of
-the same run without the flag; the held bytes are the theory's on every rank (README, *Recomputation*);
-and 05 keeping its first forward's Linear inputs for W fails that theory."""
+the same run without the flag; the held bytes are theory.held_theory's on every rank (derived in
+docs/design.md, *Recomputation*), 1F1B's largest at most half its largest without the flag; and 05 keeping
+its first forward's Linear inputs for W fails that theory."""
 
 import pytest
 import torch
 
-from conftest import MEMORY, assert_matches, case_ids, held_theory, launch, pipelined, size, variant
+from tests.launch import MEMORY, assert_matches, case_ids, launch, pipelined, size, variant
+from theory import held_theory
 
 RECOMPUTE = ("--recompute",)
 SYNC = ("--sync-sends",)
@@ -58,7 +60,7 @@ HELD = [("02_gpipe.py", ()), ("02_gpipe.py", RECOMPUTE), ("03_1f1b.py", ()), ("0
 
 @pytest.mark.parametrize("script,flags", HELD, ids=case_ids(HELD, ""))
 def test_held_bytes_are_the_theory(runs, script, flags):
-    """Every rank's peak held bytes are conftest.held_theory's count exactly (06 without the flag: test_zbv.py);
+    """Every rank's peak held bytes are theory.held_theory's count exactly (06 without the flag: test_zbv.py);
     with the flag, autograd keeps one micro-batch's activations at a time, during its B."""
     summary = pipelined(runs, script, WORLD, M, *flags, size=MEMORY).summary
     blocks = LAYERS // WORLD // (2 if script == "06_zbv.py" else 1)

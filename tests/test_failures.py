@@ -1,6 +1,8 @@
 """Bad input, mismatched ranks, dead and stuck ranks: one sentence, a non-zero exit, in
-bounded time, nothing left running. And the same flags always give the same losses,
-on one node or two."""
+bounded time, nothing left running. A script started with plain python says how to start
+ranks; the two deadlocks gloo hides (1F1B's pairs split, a receive posted too early) end
+with the timeout sentence under --sync-sends. And the same flags always give bitwise the
+same losses, on one node or two (a two-node launch on one host is one 4-rank run)."""
 
 import json
 import os
@@ -12,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import (
+from tests.launch import (
     EARLY_RECEIVE,
     ENV,
     HERE,

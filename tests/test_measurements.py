@@ -1,19 +1,22 @@
-"""What the scripts report about themselves: in-flight micro-batches, activation memory,
-the trace and the timeline, checked against the schedule's theory."""
+"""What the scripts report about themselves, checked against the schedule's theory or a count by hand:
+the peak in-flight micro-batches on every rank for every equivalence case; activation and held bytes that
+follow them; a stage's activation bytes; the summary's bubble, recomputed from the trace; the trace's spans,
+on one clock, across machines too; the timeline; the printed table, column by column; --overhead; the SVG."""
 
 import subprocess
 
 import pytest
 
-from conftest import CASES, ENV, HERE, MEMORY, SIZE, case_ids, pipelined, torchrun
+from tests.launch import CASES, ENV, HERE, MEMORY, SIZE, case_ids, pipelined, torchrun
+from theory import one_f_one_b_inflight
 
 ROW_BYTES = 24 * 8  # one sample's activation: hidden 24, float64
 
-# What each schedule keeps alive on rank r of n with m micro-batches, derived independently of the scripts.
+# What each schedule keeps alive on rank r of n with m micro-batches.
 INFLIGHT = {
     "01_naive.py": lambda n, m, rank: 1,
     "02_gpipe.py": lambda n, m, rank: m,
-    "03_1f1b.py": lambda n, m, rank: min(n - rank, m),
+    "03_1f1b.py": one_f_one_b_inflight,
 }
 
 
@@ -25,8 +28,10 @@ def test_inflight_is_the_theory(runs, script, world, micro_batches, flags):
 
 
 def test_memory_follows_inflight(runs):
-    """Autograd's saved bytes and everything a rank holds (saved, stashed, in transit):
-    GPipe's grow with m, 1F1B's with min(n - r, m), on every rank."""
+    """Autograd's saved bytes and everything a rank holds (saved, stashed, in transit), at 4 ranks,
+    8 micro-batches and 16 layers: GPipe's grow with m, 1F1B's with min(n - r, m), on every rank; the
+    activations exactly in the ratio of the counts, the held bytes within their theory. A schedule that
+    keeps a stash it should have popped, or its sends until the step's end, fails it."""
     world, m, rows = 4, 8, 2
     gpipe = pipelined(runs, "02_gpipe.py", world, m, size=MEMORY).summary
     one_f_one_b = pipelined(runs, "03_1f1b.py", world, m, size=MEMORY).summary
@@ -39,7 +44,7 @@ def test_memory_follows_inflight(runs):
         per_micro_batch = kept_all // m
         held, held_all = one_f_one_b["peak_held_bytes"][rank], gpipe["peak_held_bytes"][rank]
         assert held >= kept and held_all >= kept_all  # autograd's saved tensors are held too
-        # the README's theory: the micro-batches in flight, plus at most 3 tensors in transit
+        # the theory (docs/design.md, *Memory*): the micro-batches in flight, plus at most 3 tensors in transit
         # (a gradient received and one sent, and the next forward's input)
         assert held <= inflight * per_micro_batch + 3 * rows * ROW_BYTES, (rank, held)
         assert held_all <= m * per_micro_batch + 3 * rows * ROW_BYTES, (rank, held_all)
@@ -84,6 +89,8 @@ def test_table_is_the_summary(runs):
 
 
 def test_trace_has_a_span_per_micro_batch(runs):
+    """One process per rank, and one forward and one backward span per micro-batch per rank per step,
+    on one clock."""
     world, micro_batches = 4, 7
     run = pipelined(runs, "03_1f1b.py", world, micro_batches)
     events = run.trace["traceEvents"]
@@ -119,6 +126,7 @@ harness.finish()
 
 
 def test_clock_offset_is_measured_across_machines(tmp_path):
+    """A rank posing as another machine, its clock 1000 s ahead, gets its offset measured within 0.05 s."""
     script = tmp_path / "clocks.py"
     script.write_text(CLOCKS.format(here=HERE, out=str(tmp_path)))
     result = subprocess.run(torchrun(3, str(script), "--threads", "1"), env=ENV, capture_output=True, text=True,

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import (
+from tests.launch import (
     MEMORY,
     SYNC,
     assert_matches,
@@ -16,6 +16,7 @@ from conftest import (
     size,
     torchrun,
 )
+from theory import interleaved_inflight
 
 SCRIPT = "04_interleaved_1f1b.py"
 
@@ -38,19 +39,6 @@ def interleaved(runs, world, micro_batches, virtual_stages, layers=7, *flags):
                      size=size(layers))
 
 
-def inflight_theory(n, v, m, rank):
-    """(micro-batch, chunk) pairs alive on `rank` at its first backward, which is its peak: the forwards
-    of its warm-up and the one before that backward, less the holes among them."""
-    if v == 1:
-        return min(n - rank, m)  # 1F1B
-    if m % n == 0:
-        return min((v - 1) * n + 2 * (n - rank) - 1, m * v)
-    padded = (m + n - 1) // n * n
-    forwards = min(2 * (n - rank - 1) + (v - 1) * n, padded * v) + 1
-    # position p of the table runs micro-batch (p // nv) n + p % n, a hole from m on
-    return sum((p // (n * v)) * n + p % n < m for p in range(min(forwards, padded * v)))
-
-
 @pytest.mark.parametrize("world,micro_batches,virtual_stages,layers,flags", CASES,
                          ids=case_ids(CASES, "n", "m", "v", "L"))
 def test_matches_baseline(runs, world, micro_batches, virtual_stages, layers, flags):
@@ -67,7 +55,7 @@ def test_matches_baseline(runs, world, micro_batches, virtual_stages, layers, fl
                          ids=case_ids(CASES, "n", "m", "v", "L"))
 def test_inflight_is_the_theory(runs, world, micro_batches, virtual_stages, layers, flags):
     summary = interleaved(runs, world, micro_batches, virtual_stages, layers, *flags).summary
-    theory = [inflight_theory(max(world, 1), virtual_stages, micro_batches, rank) for rank in range(max(world, 1))]
+    theory = [interleaved_inflight(max(world, 1), micro_batches, virtual_stages, rank) for rank in range(max(world, 1))]
     assert summary["peak_inflight_microbatches"] == theory
     assert summary["expected_inflight_microbatches"] == theory
 

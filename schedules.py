@@ -1,0 +1,230 @@
+"""Pipeline schedules as data: each function returns every rank's computations in order, a list (one per rank)
+of lists of (kind, chunk, micro_batch) tuples. Plain Python: a schedule can be drawn, replayed and compared
+without a process group.
+
+    kind     "forward"; "backward", the gradient for the previous stage only, its "weight" gradient (W) coming
+             later (a split backward); or "full_backward", both at once
+    chunk    which of the rank's model chunks, placed as SCHEDULES says: "loop", chunk c of rank r is stage
+             c n + r of the n v; or "v", rank r holds stages r (chunk 0) and 2n - 1 - r (chunk 1)
+
+    name (--schedule)        function                                 placement
+    gpipe                    gpipe(n, m)                              loop, 1 chunk   02_gpipe.py
+    1f1b                     one_f_one_b(n, m)                        loop, 1 chunk   03_1f1b.py
+    interleaved-1f1b         interleaved_1f1b(n, m, v)                loop, v chunks  04_interleaved_1f1b.py
+    zb-h1                    zb_h1(n, m)                              loop, 1 chunk   05_zero_bubble.py
+    zbv                      zbv(n, m)                                v, 2 chunks     06_zbv.py, ScheduleZBVZeroBubble
+    dualpipev                dualpipev(n, m)                          v, 2 chunks     ScheduleDualPipeV
+    looped-bfs               looped_bfs(n, m, v)                      loop, v chunks  ScheduleLoopedBFS
+    interleaved-zero-bubble  interleaved_zero_bubble(n, m, v)         loop, v chunks  ScheduleInterleavedZeroBubble
+
+Every function takes any n >= 1 ranks, m >= 1 micro-batches and v >= 1 chunks, and anything else raises
+ValueError. Where a rule needs more micro-batches than m (04's groups of n, ZB-V's 2n - 1, DualPipeV's 2n,
+PyTorch's whole rounds), it is run for as many as it needs and the entries of those past m are holes, left out:
+whole micro-batches dropped from an order that runs still leave one that runs. PyTorch takes fewer layouts:
+Schedule1F1B m >= n, ScheduleDualPipeV m >= 2n, its interleaved schedules m a multiple of max(1, m // n).
+
+    table("1f1b", 4, 8)[0]  # rank 0: [("forward", 0, 0), ("forward", 0, 1), ("forward", 0, 2), ...]
+"""
+
+import inspect
+
+
+def _check(num_ranks, num_microbatches, num_chunks=1):
+    """One sentence for a count no schedule can take."""
+    for name, value in (("num_ranks", num_ranks), ("num_microbatches", num_microbatches), ("num_chunks", num_chunks)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} is {value!r}: pass a whole number, {name} >= 1.")
+
+
+def _split(order, weight_delay):
+    """order with each full backward split: B in its place, and its W after the weight_delay-th backward that
+    follows (those left over at the end), in the slots where the pipeline would otherwise wait."""
+    split, waiting = [], []  # W's still to run, oldest first
+    for kind, chunk, micro_batch in order:
+        split.append(("backward" if kind == "full_backward" else kind, chunk, micro_batch))
+        if kind == "full_backward":
+            waiting.append(("weight", chunk, micro_batch))
+            if len(waiting) > weight_delay:
+                split.append(waiting.pop(0))
+    return split + waiting
+
+
+def _number(order, num_microbatches):
+    """Give each (kind, chunk) of a V schedule its micro-batch: the k-th forward of a chunk is micro-batch k, and
+    so is its k-th backward, split or full; a W runs the oldest split backward of its chunk (of any chunk if None)
+    still without one, as DeepSeek's WeightGradStore does. Entries past num_microbatches are holes, left out."""
+    counts, waiting, numbered = {}, [], []
+    for kind, chunk in order:
+        if kind == "weight":
+            numbered.append(weight := next(entry for entry in waiting if chunk in (None, entry[1])))
+            waiting.remove(weight)
+            continue
+        key = kind == "forward", chunk  # a split and a full backward share one count
+        micro_batch = counts[key] = counts.get(key, -1) + 1
+        numbered.append((kind, chunk, micro_batch))
+        if kind == "backward":
+            waiting.append(("weight", chunk, micro_batch))
+    return [entry for entry in numbered if entry[2] < num_microbatches]
+
+
+def _interleaved(num_microbatches, num_chunks, group_size, num_warmup_microbatches):
+    """One rank's interleaved 1F1B, Megatron-LM's: micro-batches in groups of group_size through chunk 0, then
+    chunk 1, ..., backwards through the chunks in reverse; warm-up forwards, then one forward and one backward
+    in turn, then the backwards left."""
+    # forwards (and backwards): m rounded up to whole groups, for each chunk; those past m are holes
+    total_num_microbatches = -(-num_microbatches // group_size) * group_size * num_chunks
+    num_warmup_microbatches = min(num_warmup_microbatches, total_num_microbatches)
+    num_microbatches_remaining = total_num_microbatches - num_warmup_microbatches
+
+    def get_model_chunk_id(k, forward):
+        chunk = k % (group_size * num_chunks) // group_size
+        return chunk if forward else num_chunks - 1 - chunk
+
+    def get_microbatch_id(k):
+        return k // (group_size * num_chunks) * group_size + k % group_size
+
+    def forward(k):
+        return "forward", get_model_chunk_id(k, forward=True), get_microbatch_id(k)
+
+    def backward(k):
+        return "full_backward", get_model_chunk_id(k, forward=False), get_microbatch_id(k)
+
+    order = [forward(k) for k in range(num_warmup_microbatches)]
+    for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
+        order += [forward(num_warmup_microbatches + i), backward(i)]
+    order += [backward(i) for i in range(num_microbatches_remaining, total_num_microbatches)]
+    return [entry for entry in order if entry[2] < num_microbatches]
+
+
+def gpipe(num_ranks, num_microbatches):
+    """02: every forward, then every backward, the last micro-batch first (PyTorch's ScheduleGPipe: the first)."""
+    _check(num_ranks, num_microbatches)
+    return [[("forward", 0, i) for i in range(num_microbatches)]
+            + [("full_backward", 0, i) for i in reversed(range(num_microbatches))] for _ in range(num_ranks)]
+
+
+def one_f_one_b(num_ranks, num_microbatches):
+    """03: warm-up forwards, then one forward and one backward in turn, then cool-down backwards."""
+    _check(num_ranks, num_microbatches)
+    tables = []
+    for rank in range(num_ranks):
+        # Stage r runs n - r - 1 forwards ahead of its first backward (all of them if m is smaller).
+        num_warmup_microbatches = min(num_ranks - rank - 1, num_microbatches)
+        num_microbatches_remaining = num_microbatches - num_warmup_microbatches
+        order = [("forward", 0, i) for i in range(num_warmup_microbatches)]
+        for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
+            order += [("forward", 0, num_warmup_microbatches + i), ("full_backward", 0, i)]
+        order += [("full_backward", 0, i) for i in range(num_microbatches_remaining, num_microbatches)]
+        tables.append(order)
+    return tables
+
+
+def interleaved_1f1b(num_ranks, num_microbatches, num_chunks):
+    """04: Megatron-LM's interleaved 1F1B, groups of n micro-batches (holes past m), loop placement. Where n divides
+    m, PyTorch's ScheduleInterleaved1F1B; its groups are otherwise its rounds, m // max(1, m // n) micro-batches."""
+    _check(num_ranks, num_microbatches, num_chunks)
+    tables = []
+    for rank in range(num_ranks):
+        # a lap of the ring per chunk but the last, and 2 (n - r - 1): micro-batch 0's trip to the last rank and back
+        num_warmup_microbatches = (num_chunks - 1) * num_ranks + 2 * (num_ranks - rank - 1)
+        tables.append(_interleaved(num_microbatches, num_chunks, num_ranks, num_warmup_microbatches))
+    return tables
+
+
+def zb_h1(num_ranks, num_microbatches):
+    """05: 1F1B with each backward split, its W run r backwards later on rank r."""
+    # stage r's B's end r slots before stage 0's: its W's fill them
+    return [_split(order, rank) for rank, order in enumerate(one_f_one_b(num_ranks, num_microbatches))]
+
+
+def zbv(num_ranks, num_microbatches):
+    """06: PyTorch's ZB-V rule, two chunks placed as a V. The rule needs 2n - 1 micro-batches."""
+    _check(num_ranks, num_microbatches)
+    F0, B0, W0, F1, B1, W1 = [(kind, chunk) for chunk in (0, 1) for kind in ("forward", "backward", "weight")]
+    num_microbatches_needed = max(num_microbatches, 2 * num_ranks - 1)
+    tables = []
+    for rank in range(num_ranks):
+        # Warm-up: chunk 0's forwards until micro-batch 0 is back up at chunk 1, then both in turn, then chunk 1's.
+        order = [F0] * (2 * (num_ranks - rank) - 1) + [F1, F0] * rank + [F1, B1, W1] * (num_ranks - rank)
+        # Steady state: F, B and W on chunk 0, then on chunk 1, until chunk 1 has caught up.
+        while order.count(F1) < order.count(F0) or order.count(F0) < num_microbatches_needed:
+            order += [F0] * (order.count(F0) < num_microbatches_needed) + [B0, W0, F1, B1, W1]
+        # Cool-down: the backwards left, W's deferred into the slots where the pipeline drains.
+        order += [B0, B1] * rank + [B0, W0] * (num_ranks - rank)
+        order += [W1] * (order.count(B1) - order.count(W1)) + [W0] * (order.count(B0) - order.count(W0))
+        tables.append(_number(order, num_microbatches))
+    return tables
+
+
+def dualpipev(num_ranks, num_microbatches):
+    """DeepSeek's DualPipeV (PyTorch's ScheduleDualPipeV), two chunks placed as a V, in the paper's eight phases.
+    An overlapped F&B step is its forward, then its full backward. PyTorch needs m >= 2n; with fewer, holes."""
+    _check(num_ranks, num_microbatches)
+    if num_ranks < 2:  # one rank would overlap a micro-batch's F with its own B: nothing runs beside anything
+        raise ValueError("DualPipeV overlaps the V's two arms on 2 or more ranks: start more ranks, or run zbv.")
+    n, num_microbatches_needed = num_ranks, max(num_microbatches, 2 * num_ranks)
+    F0, F1, B0, B1 = ("forward", 0), ("forward", 1), ("full_backward", 0), ("full_backward", 1)
+    I0, I1, W = ("backward", 0), ("backward", 1), ("weight", None)  # I: split backward; W: the oldest still waiting
+    tables = []
+    for rank in range(n):
+        order = [F0] * 2 * (n - rank - 1)  # nF0: chunk 0's forwards while micro-batch 0 goes to the V's turn and back
+        order += [F0, F1] * (rank + 1)  # nF0F1: chunk 0 and chunk 1 in turn
+        order += [I1, W, F1] * (n - rank - 1)  # nB1W1F1: zero bubble, a W where chunk 0's backwards are not due yet
+        order += [F0, B1, F1, B0] * (num_microbatches_needed - 2 * n + rank + 1)  # nF0B1F1B0: two overlapped F&B
+        order += [B1, F1, B0] * (n - rank - 1)  # nB1F1B0: chunk 0's forwards are done
+        order += ([B1, B0] * (rank + 1))[:rank + 1] + ([I1, I0] * (rank + 1))[rank + 1:]  # nB1B0: the second half split
+        order += [W, I0] * (n - rank - 1)  # nWB0: a W in each wait for the next B0
+        order += [W] * (rank + 1)  # nW: the W's left
+        tables.append(_number(order, num_microbatches))
+    return tables
+
+
+def looped_bfs(num_ranks, num_microbatches, num_chunks):
+    """PyTorch's ScheduleLoopedBFS (breadth first): every micro-batch through chunk 0, then chunk 1, ...; then the
+    backwards, the last chunk and the last micro-batch first. Loop placement."""
+    _check(num_ranks, num_microbatches, num_chunks)
+    order = [("forward", chunk, i) for chunk in range(num_chunks) for i in range(num_microbatches)]
+    order += [("full_backward", chunk, i) for _, chunk, i in reversed(order)]  # the forwards, undone in reverse
+    return [list(order) for _ in range(num_ranks)]
+
+
+def interleaved_zero_bubble(num_ranks, num_microbatches, num_chunks):
+    """PyTorch's ScheduleInterleavedZeroBubble (ZB1P): interleaved 1F1B in PyTorch's rounds, one warm-up forward
+    per hop to the last rank, not two, and each backward split, its W run r backwards later. Loop placement."""
+    _check(num_ranks, num_microbatches, num_chunks)
+    # PyTorch's microbatches_per_round; where it does not divide m (PyTorch refuses those m), holes
+    group_size = num_microbatches // max(1, num_microbatches // num_ranks)
+    tables = []
+    for rank in range(num_ranks):
+        num_warmup_microbatches = (num_chunks - 1) * group_size + num_ranks - rank - 1
+        tables.append(_split(_interleaved(num_microbatches, num_chunks, group_size, num_warmup_microbatches), rank))
+    return tables
+
+
+SCHEDULES = {  # name, as --schedule takes it: (function, placement)
+    "gpipe": (gpipe, "loop"),
+    "1f1b": (one_f_one_b, "loop"),
+    "interleaved-1f1b": (interleaved_1f1b, "loop"),
+    "zb-h1": (zb_h1, "loop"),
+    "zbv": (zbv, "v"),
+    "dualpipev": (dualpipev, "v"),
+    "looped-bfs": (looped_bfs, "loop"),
+    "interleaved-zero-bubble": (interleaved_zero_bubble, "loop"),
+}
+
+
+def _function(name):
+    if name not in SCHEDULES:
+        raise ValueError(f"There is no schedule named {name!r}: pass one of {', '.join(SCHEDULES)}.")
+    return SCHEDULES[name][0]
+
+
+def takes_virtual_stages(name):
+    """Whether the schedule takes num_chunks, the model chunks per rank (the V ones always hold two)."""
+    return "num_chunks" in inspect.signature(_function(name)).parameters
+
+
+def table(name, num_ranks, num_microbatches, num_chunks=2):
+    """Every rank's computations in order for the schedule `name`; num_chunks goes to the schedules that take it."""
+    chunks = (num_chunks,) if takes_virtual_stages(name) else ()
+    return _function(name)(num_ranks, num_microbatches, *chunks)

@@ -1,0 +1,325 @@
+"""Launch the real scripts on gloo, each rank with the environment torchrun gives it, and read back what they wrote.
+The fixtures that use these live in the root's conftest.py."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _ComputationType
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
+# 7 layers: not divisible by 2, 3 or 4 ranks. 10 samples: 3, 4 and 7 micro-batches do not divide it.
+SIZE = ("--layers", "7", "--hidden", "24", "--batch-size", "10", "--steps", "3", "--threads", "1",
+        "--lr", "0.01", "--dtype", "float64")
+# a size whose bytes are easy to count: 16 layers, a micro-batch of 2 rows of 24 float64 (384 B) when m is 8
+MEMORY = ("--layers", "16") + SIZE[2:4] + ("--batch-size", "16") + SIZE[6:]
+SYNC = ("--sync-sends",)  # NCCL's rules on gloo: every send waits for its receiver, receives matched by order
+
+# (script, world size, micro-batches, flags): one micro-batch, fewer than the stages, as many,
+# more, and counts that do not divide the 10 samples (3, 4, 7: micro-batches of unequal size).
+# A representative set runs under --sync-sends, so it proves both the gradients and that the
+# order of sends and receives cannot deadlock on NCCL.
+CASES = [
+    ("01_naive.py", 2, 1, ()), ("01_naive.py", 3, 1, SYNC), ("01_naive.py", 4, 1, ()),
+    ("02_gpipe.py", 1, 3, ()), ("02_gpipe.py", 2, 1, ()), ("02_gpipe.py", 4, 2, ()), ("02_gpipe.py", 3, 2, SYNC),
+    ("02_gpipe.py", 3, 3, SYNC), ("02_gpipe.py", 4, 4, ()), ("02_gpipe.py", 4, 7, ()), ("02_gpipe.py", 4, 7, SYNC),
+    ("03_1f1b.py", 1, 3, ()), ("03_1f1b.py", 2, 3, SYNC), ("03_1f1b.py", 3, 1, SYNC), ("03_1f1b.py", 4, 2, ()),
+    ("03_1f1b.py", 3, 3, ()), ("03_1f1b.py", 4, 4, SYNC), ("03_1f1b.py", 4, 7, ()), ("03_1f1b.py", 4, 7, SYNC),
+]
+
+
+def case_ids(cases, *letters):
+    """Test ids such as 03_1f1b.py-n4-m7-sync (letters "", "n", "m"): each field but the last behind its
+    letter, then the flags, so that `pytest -k n4` picks every script's cases at one world size."""
+    return ["-".join(f"{letter}{field}" for letter, field in zip(letters, case[:-1]))
+            + "".join(f"-{flag.strip('-')}" for flag in case[-1]) for case in cases]
+
+
+def size(layers):
+    """SIZE with another layer count."""
+    return ("--layers", str(layers)) + SIZE[2:]
+
+
+EXACT = 1e-10  # float64: max|g - g_ref| <= EXACT * max|g_ref|, per tensor
+
+
+def assert_close(tensors, reference, tolerance, what):
+    assert sorted(tensors) == sorted(reference), f"{what}: parameter names differ"
+    for name, ref in reference.items():
+        error = (tensors[name] - ref).abs().max().item()
+        assert error <= tolerance * ref.abs().max().item(), f"{what}: {name} is off by {error:.3g}"
+
+
+def assert_matches(run, baseline):
+    """The baseline's gradients after the first backward, parameters after the last step, and every
+    step's loss, in the same session."""
+    assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
+    assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
+    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
+    assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
+
+
+def run_quietly(command, timeout=60):
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=HERE, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def assert_one_sentence(result, *words):
+    """Our processes say one `error:` line and no traceback (torchrun may add its own report after it)."""
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+    assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
+
+
+def two_nodes(script, flags_node0, flags_node1, timeout=120):
+    """Two torchrun invocations of two ranks each, as on two machines, meeting on 127.0.0.1."""
+    port = free_port()
+    nodes = [subprocess.Popen(torchrun(2, script, *flags, nnodes_flags=[
+        "--nnodes=2", f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}"]),
+        cwd=HERE, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node, flags in enumerate((flags_node0, flags_node1))]
+    outputs = [node.communicate(timeout=timeout) for node in nodes]
+    return [(node.returncode, *output) for node, output in zip(nodes, outputs)]
+
+
+# PYTHONPATH: a script variant written elsewhere (a test's mutation) still imports common and harness from here.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": HERE}
+
+
+@dataclass
+class Run:
+    stdout: str
+    stderr: str
+    summary: dict
+    grads: dict  # parameter name -> gradient after the first backward, from every rank
+    params: dict  # parameter name -> value after the last step
+    rank_params: list  # per rank: its parameters after the last step (07's copies of a stage hold the same names)
+    grad_files: list  # per rank: the names it wrote
+    trace: dict
+
+
+def torchrun(nproc, *args, nnodes_flags=()):
+    """The command line that starts `nproc` ranks on this host (a free port each time)."""
+    return [sys.executable, "-m", "torch.distributed.run", *(nnodes_flags or ["--standalone"]),
+            f"--nproc_per_node={nproc}", *args]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# Every rank imports torch and, at its first optimizer step, torch._dynamo: about 2 s of CPU each, most of a
+# small run's cost. The ranks the tests start themselves are forked from one process that has imported both,
+# and then run their script as `python script.py` would (runpy), with their own environment and output files.
+ZYGOTE = """
+import json, os, runpy, select, sys
+import torch, torch._dynamo, torch.distributed, torch.nn.functional  # noqa: F401
+running = {}  # pid -> the file its exit code goes to
+while True:
+    if select.select([sys.stdin], [], [], 0.02)[0]:
+        request = sys.stdin.readline()
+        if not request:
+            break
+        request = json.loads(request)
+        pid = os.fork()
+        if pid == 0:
+            os.environ.clear()
+            os.environ.update(request["env"])
+            for fd, path in ((0, os.devnull), (1, request["stdout"]), (2, request["stderr"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC if fd else os.O_RDONLY), fd)
+            os.chdir(request["cwd"])
+            sys.argv, sys.path[0] = request["argv"], os.path.dirname(os.path.abspath(request["argv"][0]))
+            try:
+                runpy.run_path(sys.argv[0], run_name="__main__")
+                code = 0
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+            except BaseException:
+                sys.excepthook(*sys.exc_info())
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        running[pid] = request["exit"]
+        print(pid, flush=True)
+    while running and (ended := os.waitpid(-1, os.WNOHANG))[0]:
+        exit_file = running.pop(ended[0])
+        with open(exit_file + ".tmp", "w") as file:
+            file.write(str(os.waitstatus_to_exitcode(ended[1])))
+        os.replace(exit_file + ".tmp", exit_file)  # whole, or not there
+for pid in running:  # the session is over: no rank outlives it
+    os.kill(pid, 9)
+"""
+_zygote = []
+
+
+class Forked:
+    """A rank forked from the zygote, with the part of Popen's interface that the tests use."""
+
+    def __init__(self, command, env, stdout, stderr):
+        if not _zygote or _zygote[0].poll() is not None:
+            _zygote[:] = [subprocess.Popen([sys.executable, "-u", "-c", ZYGOTE], cwd=HERE, env=ENV, text=True,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)]
+        self.exit = f"{stdout}.exit"
+        if os.path.exists(self.exit):  # an earlier run's, in the same folder
+            os.remove(self.exit)
+        for path in (stdout, stderr):  # there from the start, as with Popen
+            open(path, "w").close()
+        request = {"argv": command[1:], "env": env, "cwd": HERE, "stdout": str(stdout), "stderr": str(stderr),
+                   "exit": self.exit}
+        _zygote[0].stdin.write(json.dumps(request) + "\n")
+        _zygote[0].stdin.flush()
+        self.pid = int(_zygote[0].stdout.readline())
+
+    def poll(self):
+        return int(open(self.exit).read()) if os.path.exists(self.exit) else None
+
+    def kill(self):
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self):
+        while self.poll() is None:
+            time.sleep(0.02)
+        return self.poll()
+
+
+def start_ranks(command, nproc, out):
+    """Start `nproc` ranks of `command` (0: one, without torchrun's variables) with the environment torchrun
+    would give them, without paying for torchrun's own start-up; rank r writes to out/stdout{r}, out/stderr{r}."""
+    port, ranks = free_port(), []
+    for rank in range(max(nproc, 1)):
+        env = {**ENV, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if nproc else ENV
+        ranks.append(Forked(command, env, out / f"stdout{rank}", out / f"stderr{rank}"))
+    return ranks
+
+
+def wait_ranks(ranks, timeout):
+    """Every rank's exit code; once one fails, the others get a few seconds, then are killed."""
+    deadline = time.monotonic() + timeout
+    while any(rank.poll() is None for rank in ranks) and time.monotonic() < deadline:
+        if any(rank.poll() for rank in ranks):
+            deadline = min(deadline, time.monotonic() + 5)
+        time.sleep(0.05)
+    for rank in ranks:
+        if rank.poll() is None:
+            rank.kill()
+    return [rank.wait() for rank in ranks]
+
+
+def launch(tmp_path, script, nproc, *flags, timeout=120):
+    """Run `script` with `nproc` ranks (0: plain python) and collect its outputs."""
+    out = tmp_path / f"{os.path.basename(script)}-{nproc}-{'_'.join(flags).replace('-', '')}"
+    out.mkdir(parents=True, exist_ok=True)
+    files = ["--json", "--dump-grads", str(out / "grads"), "--dump-params", str(out / "params"),
+             "--trace", str(out / "trace.json")]
+    command = [sys.executable, script, *flags, *files]
+    codes = wait_ranks(start_ranks(command, nproc, out), timeout)
+    stdout, stderr = ("".join((out / f"{name}{rank}").read_text() for rank in range(max(nproc, 1)))
+                      for name in ("stdout", "stderr"))
+    assert codes == [0] * len(codes), f"{' '.join(command[1:])} on {nproc} ranks exited {codes}:\n{stderr[-3000:]}"
+    summaries = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1, stdout
+    grads, params, grad_files, rank_params = {}, {}, [], []
+    for rank in range(max(nproc, 1)):
+        rank_grads = torch.load(out / "grads" / f"rank{rank}.pt")
+        grad_files.append(sorted(rank_grads))
+        grads.update(rank_grads)
+        rank_params.append(torch.load(out / "params" / f"rank{rank}.pt"))
+        params.update(rank_params[-1])
+    with open(out / "trace.json") as file:
+        trace = json.load(file)
+    return Run(stdout, stderr, summaries[0], grads, params, rank_params, grad_files, trace)
+
+
+def pipelined(runs, script, world, micro_batches, *extra, size=SIZE):
+    """A memoized run of a numbered script (01 takes no --micro-batches); `extra`: more flags."""
+    flags = size if script == "01_naive.py" else size + ("--micro-batches", str(micro_batches))
+    return runs(script, world, *flags, *extra)
+
+
+def variant(tmp_path, script, prepend):
+    """A copy of `script` in tmp_path that runs `prepend` first (right after its docstring, which its --help
+    uses): a rule or a helper replaced through its name, a mutation that a test shows is caught. It imports
+    common and harness from here (PYTHONPATH)."""
+    text = open(os.path.join(HERE, script)).read()
+    docstring = text.index('"""', 3) + 4
+    path = tmp_path / f"variant{len(list(tmp_path.glob('variant*')))}_{script}"  # a name of its own: outputs go by name
+    path.write_text(text[:docstring] + prepend + text[docstring:])
+    return str(path)
+
+
+# 1F1B's steady state with each pair split into a send, then a receive: the helpers replaced by name.
+SPLIT_PAIRS = """import common
+
+
+def send_forward_recv_backward(micro_batch, output_tensor, recv_micro_batch, shape):
+    common.send_forward(micro_batch, output_tensor)
+    return common.recv_backward(recv_micro_batch, shape)
+
+
+def send_backward_recv_forward(micro_batch, grad_input, recv_micro_batch, shape):
+    common.send_backward(micro_batch, grad_input)
+    return common.recv_forward(recv_micro_batch, shape)
+
+
+common.send_forward_recv_backward = send_forward_recv_backward
+common.send_backward_recv_forward = send_backward_recv_forward
+"""
+
+
+def deadlocks_under_sync_sends(tmp_path, script, prepend, flags):
+    """Runs with gloo's own rules (launch checks it exits 0); under --sync-sends, gives up within --timeout
+    with one sentence a rank (both neighbours wait, so both may give up before torchrun stops them)."""
+    script = variant(tmp_path, script, prepend=prepend)
+    launch(tmp_path, script, 2, *flags)
+    result, seconds = run_quietly(torchrun(2, script, *flags, *SYNC, "--timeout", "3"))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and 1 <= len(errors) <= 2, result.stderr
+    assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
+    assert seconds < 30
+    return errors
+
+
+# Naive's gradient receive posted before the send of the activation it comes from, which gloo allows.
+EARLY_RECEIVE = """import common
+
+_send_forward, _recv_backward, early = common.send_forward, common.recv_backward, []
+
+
+def send_forward(micro_batch, output_tensor, chunk=0):
+    early.append(common.post(common.Recv(micro_batch, output_tensor.shape, True)))
+    _send_forward(micro_batch, output_tensor, chunk)
+
+
+def recv_backward(micro_batch, shape, chunk=0):
+    return early.pop().wait()[0] if early else _recv_backward(micro_batch, shape, chunk)
+
+
+common.send_forward, common.recv_backward = send_forward, recv_backward
+"""
+
+
+def pytorch_order(n, m, rank):
+    """Rank's computations as PyTorch's ScheduleZBVZeroBubble orders them, (kind, chunk, micro-batch)."""
+    kinds = {_ComputationType.FORWARD: "forward", _ComputationType.BACKWARD_INPUT: "backward",
+             _ComputationType.BACKWARD_WEIGHT: "weight"}
+    schedule = SimpleNamespace(pp_group_size=n, _n_microbatches=m, num_stages=2 * n)
+    actions = ScheduleZBVZeroBubble._calculate_single_rank_operations(schedule, rank)
+    return [(kinds[a.computation_type], int(a.stage_index != rank), a.microbatch_index) for a in actions if a]
+
+

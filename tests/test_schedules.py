@@ -1,0 +1,219 @@
+"""schedules.py: its tables are PyTorch's orders, draw the pictures of 02-06, and run, for every small layout.
+
+PyTorch's orders are read without processes: a multi-stage schedule computes every rank's actions when it is built
+(pipeline_order), from stand-in stages that carry only their place; GPipe and 1F1B are run (_step_microbatches) on a
+stand-in stage that has no peers and notes what it is asked to compute.
+"""
+
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed.pipelining.schedules as torch_schedules
+
+from schedules import (
+    SCHEDULES,
+    dualpipev,
+    gpipe,
+    interleaved_1f1b,
+    interleaved_zero_bubble,
+    looped_bfs,
+    one_f_one_b,
+    table,
+    takes_virtual_stages,
+    zb_h1,
+    zbv,
+)
+from theory import replay, stage
+
+KINDS = {"F": "forward", "I": "backward", "W": "weight", "B": "full_backward"}  # PyTorch's computation types, ours
+
+
+def torch_order(schedule_class, num_ranks, num_microbatches, num_chunks, placement):
+    """Every rank's compute actions, as PyTorch's multi-stage schedule_class orders them, in our tuples. An
+    overlapped F&B (OVERLAP_F_B) is its sub-actions, run one after the other unless a function is registered."""
+    stages = [SimpleNamespace(num_stages=num_ranks * num_chunks, group_size=num_ranks, group_rank=0, submod=None,
+                              stage_index=stage(placement, num_ranks, 0, chunk)) for chunk in range(num_chunks)]
+    schedule = schedule_class(stages, num_microbatches)
+    orders = []
+    for rank in range(num_ranks):
+        actions = [sub for action in schedule.pipeline_order[rank] if action is not None
+                   for sub in (action.sub_actions or [action])]
+        # both placements: stage // n is the chunk (the V's second arm holds stages n to 2n - 1)
+        orders.append([(KINDS[action.computation_type.value], action.stage_index // num_ranks, action.microbatch_index)
+                       for action in actions if action.computation_type.value in KINDS])
+    return orders
+
+
+class RecordingStage(SimpleNamespace):
+    """Stands in for a single-stage schedule's PipelineStage: no peers, no model, no loss; notes what it computes."""
+
+    def get_fwd_recv_ops(self, micro_batch):
+        return []
+
+    get_fwd_send_ops = get_bwd_recv_ops = get_bwd_send_ops = get_fwd_recv_ops
+
+    def forward_one_chunk(self, micro_batch, *args, **kwargs):
+        self.computed.append(("forward", 0, micro_batch))
+
+    def backward_one_chunk(self, micro_batch, **kwargs):
+        self.computed.append(("full_backward", 0, micro_batch))
+
+    def perform_reduce_grad(self, *args):
+        pass
+
+
+def torch_run(schedule_class, num_ranks, num_microbatches):
+    """Every rank's computations as PyTorch's single-stage schedule_class runs them."""
+    orders = []
+    for rank in range(num_ranks):
+        stage = RecordingStage(stage_index=rank, num_stages=num_ranks, is_last=False, computed=[])
+        schedule = schedule_class(stage, num_microbatches)
+        schedule._initialize_stage = lambda *args, **kwargs: None  # no shapes to learn from peers: nothing is sent
+        schedule._step_microbatches()
+        orders.append(stage.computed)
+    return orders
+
+
+def pytorch_rounds_fit(num_ranks, num_microbatches):
+    """PyTorch's interleaved schedules take m micro-batches in max(1, m // n) equal rounds."""
+    return num_microbatches % max(1, num_microbatches // num_ranks) == 0
+
+
+@pytest.mark.parametrize("num_ranks", [1, 2, 3, 4])
+def test_multi_stage_schedules_equal_pytorch(num_ranks):
+    n = num_ranks
+    compared = Counter()
+    for m in range(1, 3 * n + 4):
+        assert zbv(n, m) == torch_order(torch_schedules.ScheduleZBVZeroBubble, n, m, 2, "v"), (n, m)
+        if m >= 2 * n and n > 1:  # what ScheduleDualPipeV takes (on one rank it would overlap nothing: we refuse it)
+            assert dualpipev(n, m) == torch_order(torch_schedules.ScheduleDualPipeV, n, m, 2, "v"), (n, m)
+            compared["dualpipev"] += 1
+        if pytorch_rounds_fit(n, m):  # with one stage per rank, PyTorch's interleaved zero bubble is ZB-H1
+            assert zb_h1(n, m) == torch_order(torch_schedules.ScheduleInterleavedZeroBubble, n, m, 1, "loop"), (n, m)
+            compared["zb-h1"] += 1
+        for v in (2, 3):
+            assert looped_bfs(n, m, v) == torch_order(torch_schedules.ScheduleLoopedBFS, n, m, v, "loop"), (n, m, v)
+            if pytorch_rounds_fit(n, m):
+                pytorch = torch_order(torch_schedules.ScheduleInterleavedZeroBubble, n, m, v, "loop")
+                assert interleaved_zero_bubble(n, m, v) == pytorch, (n, m, v)
+                compared["interleaved-zero-bubble"] += 1
+            # ours is 04's: Megatron-LM's groups of n, holes past m. PyTorch's groups are its rounds of
+            # m // max(1, m // n) micro-batches, and its warm-up counts in them: the same order where n divides m.
+            if m % n == 0:
+                pytorch = torch_order(torch_schedules.ScheduleInterleaved1F1B, n, m, v, "loop")
+                assert interleaved_1f1b(n, m, v) == pytorch, (n, m, v)
+                compared["interleaved-1f1b"] += 1
+    assert len(compared) == 3 + (n > 1) and min(compared.values()) >= 3, compared
+
+
+@pytest.mark.parametrize("num_ranks", [1, 2, 3, 4])
+def test_single_stage_schedules_equal_pytorch(num_ranks):
+    for m in range(num_ranks, 3 * num_ranks + 4):  # Schedule1F1B takes m >= n
+        # Run, not Schedule1F1B._get_pipeline_order: in PyTorch 2.13 that one numbers the last rank's forwards from 1.
+        assert one_f_one_b(num_ranks, m) == torch_run(torch_schedules.Schedule1F1B, num_ranks, m), m
+    for m in range(1, 3 * num_ranks + 4):
+        # ScheduleGPipe runs the backwards first micro-batch first; 02 (and so ours) last first, popping its stash.
+        forwards = [("forward", 0, i) for i in range(m)]
+        pytorch = [forwards + [("full_backward", 0, i) for i in range(m)]] * num_ranks
+        assert torch_run(torch_schedules.ScheduleGPipe, num_ranks, m) == pytorch
+        assert gpipe(num_ranks, m) == [forwards + [("full_backward", 0, i) for i in reversed(range(m))]] * num_ranks
+
+
+# The pictures in 02-06's docstrings (copied here): F forward, B backward (full unless W's follow), W weight;
+# in 04 i.c is micro-batch i in chunk c; in 06 capitals are chunk 0, small letters chunk 1.
+PICTURES = {
+    ("gpipe", 4, 4, 1): """
+        F0 F1 F2 F3 B3 B2 B1 B0
+        F0 F1 F2 F3 B3 B2 B1 B0
+        F0 F1 F2 F3 B3 B2 B1 B0
+        F0 F1 F2 F3 B3 B2 B1 B0""",
+    ("1f1b", 4, 8, 1): """
+        F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7
+        F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7
+        F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7
+        F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7""",
+    ("interleaved-1f1b", 2, 4, 2): """
+        F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0
+        F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0""",
+    ("zb-h1", 4, 8, 1): """
+        F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
+        F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7
+        F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 F6 B5 W3 F7 B6 W4 B7 W5 W6 W7
+        F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7""",
+    ("zbv", 3, 5, 2): """
+        F0 F1 F2 F3 F4 f0 b0 w0 f1 b1 w1 f2 b2 w2 B0 W0 f3 b3 w3 B1 W1 f4 b4 w4 B2 W2 B3 W3 B4 W4
+        F0 F1 F2 f0 F3 f1 b0 w0 f2 b1 w1 F4 B0 W0 f3 b2 w2 B1 W1 f4 b3 w3 B2 b4 B3 W2 B4 W3 w4 W4
+        F0 f0 F1 f1 F2 f2 b0 w0 F3 B0 W0 f3 b1 w1 F4 B1 W1 f4 b2 w2 B2 b3 B3 b4 B4 W2 w3 w4 W3 W4""",
+}
+
+
+def read_picture(picture):
+    """Each rank's row of a picture as (kind, chunk, micro_batch) tuples."""
+    orders = []
+    for row in picture.split("\n")[1:]:
+        split = "W" in row.upper()
+        kinds = {"F": "forward", "B": "backward" if split else "full_backward", "W": "weight"}
+        orders.append([(kinds[cell[0].upper()], int(cell.partition(".")[2] or cell[0].islower()),
+                        int(cell[1:].partition(".")[0])) for cell in row.split()])
+    return orders
+
+
+@pytest.mark.parametrize("name, num_ranks, num_microbatches, num_chunks", list(PICTURES))
+def test_tables_draw_the_scripts_pictures(name, num_ranks, num_microbatches, num_chunks):
+    expected = read_picture(PICTURES[name, num_ranks, num_microbatches, num_chunks])
+    assert table(name, num_ranks, num_microbatches, num_chunks) == expected
+
+
+def check_runs(name, num_ranks, num_microbatches, num_chunks):
+    """Every (stage, micro-batch) gets one forward, one backward (split or full) and a W if split, and the ranks can
+    run their lists: a forward after the previous stage's, a backward after the next stage's (the last stage's after
+    its forward), a W after its B. Ranks run whatever is ready until none can; then every list must be done."""
+    n, m = num_ranks, num_microbatches
+    placement = SCHEDULES[name][1]
+    orders = table(name, n, m, num_chunks)
+    chunks = num_chunks if takes_virtual_stages(name) else 2 if placement == "v" else 1
+    num_stages = n * chunks
+    assert len(orders) == n
+    placed = [[(kind, stage(placement, n, rank, chunk), i) for kind, chunk, i in order]
+              for rank, order in enumerate(orders)]
+    assert all(kind in KINDS.values() and 0 <= chunk < chunks and 0 <= i < m
+               for order in orders for kind, chunk, i in order), (name, n, m, num_chunks)
+    counts = Counter((kind, index, i) for order in placed for kind, index, i in order)
+    for index in range(num_stages):
+        for i in range(m):
+            forwards, split, weights, full = (counts[kind, index, i] for kind in KINDS.values())
+            assert (forwards, split + full, weights) == (1, 1, split), (name, n, m, num_chunks, index, i)
+    assert sum(counts.values()) == sum(len(order) for order in orders)
+
+    starts = replay(orders, lambda rank, chunk: stage(placement, n, rank, chunk), num_stages)
+    stuck = [(rank, entry) for rank, order in enumerate(orders) for entry in order
+             if (stage(placement, n, rank, entry[1]), entry[0], entry[2]) not in starts]
+    assert not stuck, f"{name}, n = {n}, m = {m}, v = {num_chunks}: deadlock, first waiting {stuck[:n]}"
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_every_small_table_runs(name):
+    for n in range(2 if name == "dualpipev" else 1, 6):
+        for m in range(1, 2 * n + 3):
+            for v in (1, 2, 3) if takes_virtual_stages(name) else (2,):
+                check_runs(name, n, m, v)
+
+
+def test_names_and_layouts_it_cannot_take_are_sentences():
+    with pytest.raises(ValueError, match=r"no schedule named 'pipedream'.*pass one of gpipe, 1f1b, .*\.$"):
+        table("pipedream", 4, 8)
+    with pytest.raises(ValueError, match=r"no schedule named"):
+        takes_virtual_stages("zero-bubble")
+    for call, flag in [(lambda: one_f_one_b(0, 4), "num_ranks"), (lambda: dualpipev(2, 0), "num_microbatches"),
+                       (lambda: interleaved_1f1b(2, 4, 0), "num_chunks"), (lambda: zb_h1(2, 2.5), "num_microbatches"),
+                       (lambda: table("looped-bfs", 2, 4, num_chunks=-1), "num_chunks")]:
+        with pytest.raises(ValueError, match=rf"^{flag} is .*: pass a whole number, {flag} >= 1\.$"):
+            call()
+
+
+def test_registry():
+    assert [name for name in SCHEDULES if takes_virtual_stages(name)] == [
+        "interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble"]
+    assert {name for name, (_, placement) in SCHEDULES.items() if placement == "v"} == {"zbv", "dualpipev"}
+    assert table("1f1b", 3, 5, num_chunks=7) == one_f_one_b(3, 5)  # the chunk count goes only where it is taken
