@@ -1,0 +1,154 @@
+"""Any schedule from a table: one runtime for every order in schedules.py. A schedule is a function that
+returns each rank's computations, (kind, chunk, micro_batch); the loop below is 06's, for either placement.
+
+    torchrun --nproc_per_node=4 09_any_schedule.py --schedule dualpipev --micro-batches 8
+    torchrun --nproc_per_node=4 09_any_schedule.py --schedule interleaved-zero-bubble --virtual-stages 2
+
+A full backward (GPipe, 1F1B, DualPipeV's overlapped steps) runs as its B and its W one right after the other,
+so every table runs on the same three computations; the theory counts it as two units. DualPipeV, n = 3, m = 6
+(f: chunk 1, b/w: split backward, FB: an overlapped F and full backward), as the replay places it:
+
+    rank 0  F0 F1 F2 F3 f0 F4 f1 b0 w0 f2 b1 w1 F5 BW0 f3 BW1 ...
+"""
+
+import torch
+import torch.nn.functional as F
+
+import schedules
+from common import (
+    Recv,
+    Send,
+    build_stage,
+    get_batch,
+    post,
+    release,
+    setup,
+    stage_of,
+    timetable,
+    wait_for_sends,
+)
+from harness import dump, log_step, parse_args, record, report, timed_step, track
+from theory import busiest_bubble, peak_inflight
+
+args = parse_args(__doc__, micro_batches=True, schedule=True)
+placement = schedules.SCHEDULES[args.schedule][1]
+rank, num_ranks, device = setup(args, placement=placement)
+num_chunks = args.virtual_stages  # 2 on the V; on the loop, 1 or --virtual-stages
+# this rank's layers only: chunk c is stage c n + rank ("loop"), or rank and 2n - 1 - rank ("v")
+stages = [build_stage(args, stage_of(rank, chunk), num_ranks * num_chunks, device) for chunk in range(num_chunks)]
+optimizer = torch.optim.Adam([param for stage in stages for param in stage.parameters()], lr=args.lr)
+noted = []  # (Linear, its input, its output's gradient edge) for each Linear the forward has run
+
+
+def note(linear, inputs, output):
+    """Forward hook: W will need the input (detached: kept past B, it must not keep the graph alive), held from
+    now on; B stops at the output and hands W its gradient. Under no_grad (--recompute's F) nothing to note."""
+    if torch.is_grad_enabled():
+        noted.append((linear, track(inputs[0].detach()), torch.autograd.graph.get_gradient_edge(output)))
+
+
+for module in (module for stage in stages for module in stage.modules()):
+    if isinstance(module, torch.nn.Linear):
+        module.register_forward_hook(note)
+
+
+def forward_pass(stage, input_tensor, inputs, labels):
+    """This stage's forward; on the last stage, the loss."""
+    output_tensor = stage(inputs if stage.is_first else input_tensor)
+    if stage.is_last:
+        # sum / batch_size is this micro-batch's share of the batch mean: the shares add up to it
+        output_tensor = F.cross_entropy(output_tensor, labels, reduction="sum") / args.batch_size
+    return output_tensor
+
+
+def forward_step(micro_batch, chunk, input_tensor, inputs, labels):
+    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and the backward runs it again."""
+    stage = stages[chunk]
+    with record("forward", micro_batch, chunk), torch.set_grad_enabled(not args.recompute):
+        return forward_pass(stage, input_tensor, inputs, labels)
+
+
+def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels, chunk=0):
+    """B: backpropagate to this stage's input and to each Linear's output, not to the weights;
+    return the gradient for the previous stage, and what W needs."""
+    stage = stages[chunk]
+    with record("backward", micro_batch, chunk):
+        if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
+            output_tensor = forward_pass(stage, input_tensor, inputs, labels)
+            linears = noted.copy()  # and W's inputs with it, not kept from F: they would keep every activation
+            noted.clear()
+        edges = [edge for _, _, edge in linears] + ([] if input_tensor is None else [input_tensor])
+        grads = torch.autograd.grad(output_tensor, edges, grad_outputs=grad_output)  # grad_output is None for the loss
+    # what W needs: each Linear's input, held since the hook noted it, and its output's gradient, held from now on
+    weight_work = [(linear, x, track(grad)) for (linear, x, _), grad in zip(linears, grads)]
+    return (None if input_tensor is None else grads[-1]), weight_work
+
+
+def weight_step(micro_batch, weight_work, chunk=0):
+    """W: each Linear's weight and bias gradients, one matrix product each, added into .grad."""
+    with record("weight", micro_batch, chunk):
+        for linear, linear_input, grad_linear_output in weight_work:
+            if linear.weight.grad is None:  # zero_grad() leaves None
+                linear.weight.grad, linear.bias.grad = torch.zeros_like(linear.weight), torch.zeros_like(linear.bias)
+            linear.weight.grad.addmm_(grad_linear_output.T, linear_input)
+            linear.bias.grad += grad_linear_output.sum(0)
+
+
+def train_step(inputs, labels):
+    """The rule's order, each tensor sent the moment it is made and waited for when it is used."""
+    micro_batches = list(zip(inputs.tensor_split(args.micro_batches), labels.tensor_split(args.micro_batches)))
+    shapes = [micro_inputs.shape for micro_inputs, _ in micro_batches]  # what each receive expects
+    input_tensors, output_tensors, losses = {}, {}, []  # by (chunk, micro-batch), stashed for backward
+    linear_notes, weight_works = {}, {}  # by (chunk, micro-batch), stashed for B, then for W
+
+    def forward(chunk, i, input_tensor):
+        output_tensor = forward_step(i, chunk, input_tensor, *micro_batches[i])
+        input_tensors[chunk, i] = input_tensor
+        output_tensors[chunk, i] = None if args.recompute else output_tensor  # --recompute: backward makes it again
+        linear_notes[chunk, i] = noted.copy()  # what the hooks noted during this forward
+        noted.clear()
+        if stages[chunk].is_last:
+            losses.append(output_tensor.detach())
+        return output_tensor
+
+    def backward(chunk, i, grad_output):
+        grad_input, weight_work = backward_step(i, input_tensors.pop((chunk, i)), output_tensors.pop((chunk, i)),
+                                                grad_output, linear_notes.pop((chunk, i)), *micro_batches[i], chunk)
+        weight_works[chunk, i] = weight_work
+        return grad_input
+
+    # A tensor is sent and received in one group, by both ranks, the moment it is made when every computation
+    # takes one unit: all ranks post in the same order of time, so under NCCL's rules none waits for a later group.
+    result, waiting = None, {}  # the last computation's result; Recv -> the group it was posted in
+    for moment in timetable(tables, rank, shapes):
+        pending = post(*[Send(i, result, kind != "forward", chunk) for kind, chunk, i in moment.sends], *moment.recvs)
+        waiting.update(dict.fromkeys(moment.recvs, pending))
+        kind, chunk, i = moment.computation or (None, None, None)
+        if kind == "weight":
+            weight_step(i, weight_works.pop((chunk, i)), chunk)
+        elif kind:
+            group = waiting.pop(recv := Recv(i, shapes[i], kind != "forward", chunk), None)  # None: nothing comes
+            result = (forward if kind == "forward" else backward)(chunk, i, group and group.received(recv))
+            if kind == "full_backward":  # B and W at once: its W right after its B, before the gradient is sent
+                if result is not None:  # the gradient, held meanwhile (the first stage makes none)
+                    track(result)
+                weight_step(i, weight_works.pop((chunk, i)), chunk)
+        release(*moment.releases)  # their receivers have used them: they surely have them
+    wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
+    return sum(losses) if any(stage.is_last for stage in stages) else None
+
+
+tables = schedules.table(args.schedule, num_ranks, args.micro_batches, num_chunks)  # every rank's computations
+for step in range(args.steps):
+    inputs, labels = get_batch(args, step, device)
+    with timed_step(step):
+        optimizer.zero_grad()
+        loss = train_step(inputs, labels)
+        if step == 0:
+            dump(args.dump_grads, {name: param.grad for stage in stages for name, param in stage.named_parameters()})
+        optimizer.step()
+    log_step(step, loss)
+dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
+# the table's own count: in flight from F to W; its replay's bubble, F, B and W one unit each (a full backward two)
+report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
+       bubble_theory=busiest_bubble(tables, stage_of, num_ranks * num_chunks))
