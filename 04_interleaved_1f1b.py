@@ -21,10 +21,12 @@ from common import (
     get_batch,
     post,
     setup,
+    stage_of,
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step
-from theory import interleaved_inflight
+from schedules import interleaved_1f1b
+from theory import SPANS, busiest_bubble, peak_inflight
 
 args = parse_args(__doc__, micro_batches=True, virtual_stages=True)
 rank, num_ranks, device = setup(args)
@@ -148,6 +150,7 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
-# no closed form for the bubble with holes, so the harness replays the schedule at unit times
-report(args, stages,
-       expected_inflight=lambda rank: interleaved_inflight(num_ranks, args.micro_batches, num_chunks, rank))
+# the count over this order's table (schedules.py): alive at a rank's peak, and the bubble at one unit a span
+tables = interleaved_1f1b(num_ranks, args.micro_batches, num_chunks)
+report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
+       bubble_theory=busiest_bubble(tables, stage_of, num_ranks * num_chunks, cost=SPANS))

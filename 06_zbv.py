@@ -22,11 +22,13 @@ from common import (
     post,
     release,
     setup,
+    stage_of,
     timetable,
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step, track
-from theory import zbv_bubble, zbv_inflight
+from schedules import zbv
+from theory import busiest_bubble, peak_inflight
 
 args = parse_args(__doc__, micro_batches=True, v_shape=True)
 rank, num_ranks, device = setup(args, placement="v")
@@ -157,5 +159,7 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
-report(args, stages, expected_inflight=lambda rank: zbv_inflight(num_ranks, args.micro_batches, rank),
-       bubble_theory=zbv_bubble(num_ranks, args.micro_batches))  # equal F, B, W; see the README
+# the count over this order's table (schedules.py): in flight from F to W, and the bubble at one unit a span
+tables = zbv(num_ranks, args.micro_batches)
+report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
+       bubble_theory=busiest_bubble(tables, stage_of, 2 * num_ranks))  # equal F, B, W; see the README

@@ -12,6 +12,7 @@ held_theory   each rank's peak held bytes, in micro-batch activations (docs/desi
 import schedules
 
 UNIT = {"forward": 1.0, "backward": 1.0, "weight": 1.0, "full_backward": 2.0}  # a full backward is a B and a W
+SPANS = dict.fromkeys(UNIT, 1.0)  # every span one unit, as 01-06 pace them: their full backward is one span
 
 
 def stage(placement, num_ranks, rank, chunk):
