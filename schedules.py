@@ -64,7 +64,11 @@ def _number(order, num_microbatches):
         numbered.append((kind, chunk, micro_batch))
         if kind == "backward":
             waiting.append(("weight", chunk, micro_batch))
-    return [entry for entry in numbered if entry[2] < num_microbatches]
+    kept = [entry for entry in numbered if entry[2] < num_microbatches]
+    for k, (kind, chunk, micro_batch) in enumerate(kept):
+        if kind == "overlapped_backward" and (k == 0 or kept[k - 1][0] != "forward"):  # its forward was a hole
+            kept[k] = "full_backward", chunk, micro_batch
+    return kept
 
 
 def _interleaved(num_microbatches, num_chunks, group_size, num_warmup_microbatches):
@@ -158,20 +162,24 @@ def zbv(num_ranks, num_microbatches):
 
 def dualpipev(num_ranks, num_microbatches):
     """DeepSeek's DualPipeV (PyTorch's ScheduleDualPipeV), two chunks placed as a V, in the paper's eight phases.
-    An overlapped F&B step is its forward, then its full backward. PyTorch needs m >= 2n; with fewer, holes."""
+    An overlapped F&B step (O) is its forward, then an "overlapped_backward": a full backward that receives its
+    gradient before the forward begins and sends its result with the forward's. PyTorch needs m >= 2n; fewer: holes."""
     _check(num_ranks, num_microbatches)
     if num_ranks < 2:  # one rank would overlap a micro-batch's F with its own B: nothing runs beside anything
         raise ValueError("DualPipeV overlaps the V's two arms on 2 or more ranks: start more ranks, or run zbv.")
     n, num_microbatches_needed = num_ranks, max(num_microbatches, 2 * num_ranks)
     F0, F1, B0, B1 = ("forward", 0), ("forward", 1), ("full_backward", 0), ("full_backward", 1)
+    O0, O1 = ("overlapped_backward", 0), ("overlapped_backward", 1)  # each one step with the forward before it
     I0, I1, W = ("backward", 0), ("backward", 1), ("weight", None)  # I: split backward; W: the oldest still waiting
     tables = []
     for rank in range(n):
         order = [F0] * 2 * (n - rank - 1)  # nF0: chunk 0's forwards while micro-batch 0 goes to the V's turn and back
         order += [F0, F1] * (rank + 1)  # nF0F1: chunk 0 and chunk 1 in turn
         order += [I1, W, F1] * (n - rank - 1)  # nB1W1F1: zero bubble, a W where chunk 0's backwards are not due yet
-        order += [F0, B1, F1, B0] * (num_microbatches_needed - 2 * n + rank + 1)  # nF0B1F1B0: two overlapped F&B
-        order += [B1, F1, B0] * (n - rank - 1)  # nB1F1B0: chunk 0's forwards are done
+        order += [F0, O1, F1, O0] * (num_microbatches_needed - 2 * n + rank + 1)  # nF0B1F1B0: two overlapped F&B
+        if rank == n - 1:  # the bottom rank runs its first F0 alone, before B1's gradient is back (DeepSeek's)
+            order[2 * n:2 * n + 2] = [F0, B1]
+        order += [B1, F1, O0] * (n - rank - 1)  # nB1F1B0: chunk 0's forwards are done
         order += ([B1, B0] * (rank + 1))[:rank + 1] + ([I1, I0] * (rank + 1))[rank + 1:]  # nB1B0: the second half split
         order += [W, I0] * (n - rank - 1)  # nWB0: a W in each wait for the next B0
         order += [W] * (rank + 1)  # nW: the W's left

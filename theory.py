@@ -11,7 +11,7 @@ held_theory   each rank's peak held bytes, in micro-batch activations (docs/desi
 
 import schedules
 
-UNIT = {"forward": 1.0, "backward": 1.0, "weight": 1.0, "full_backward": 2.0}  # a full backward is a B and a W
+UNIT = {"forward": 1.0, "backward": 1.0, "weight": 1.0, "full_backward": 2.0, "overlapped_backward": 2.0}  # B + W
 SPANS = dict.fromkeys(UNIT, 1.0)  # every span one unit, as 01-06 pace them: their full backward is one span
 
 
@@ -49,7 +49,8 @@ def replay(tables, stage_of, num_stages, cost=UNIT, message=0.0):
                 start = max(clock[rank], ready)
                 starts[stage, kind, micro_batch] = start
                 clock[rank] = start + cost[kind]
-                ends["backward" if kind == "full_backward" else kind, micro_batch, stage] = clock[rank]
+                ends["forward" if kind == "forward" else "backward" if kind != "weight" else kind, micro_batch, stage] \
+                    = clock[rank]
                 position[rank] += 1
                 progress = True
     return starts

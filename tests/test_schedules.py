@@ -37,11 +37,14 @@ def torch_order(schedule_class, num_ranks, num_microbatches, num_chunks, placeme
     schedule = schedule_class(stages, num_microbatches)
     orders = []
     for rank in range(num_ranks):
-        actions = [sub for action in schedule.pipeline_order[rank] if action is not None
-                   for sub in (action.sub_actions or [action])]
-        # both placements: stage // n is the chunk (the V's second arm holds stages n to 2n - 1)
-        orders.append([(KINDS[action.computation_type.value], action.stage_index // num_ranks, action.microbatch_index)
-                       for action in actions if action.computation_type.value in KINDS])
+        actions = [(sub, action.sub_actions is not None) for action in schedule.pipeline_order[rank]
+                   if action is not None for sub in (action.sub_actions or [action])]
+        # both placements: stage // n is the chunk (the V's second arm holds stages n to 2n - 1); an OVERLAP_F_B's
+        # full backward is our "overlapped_backward"
+        orders.append([("overlapped_backward" if overlapped and action.computation_type.value == "B"
+                        else KINDS[action.computation_type.value], action.stage_index // num_ranks,
+                        action.microbatch_index)
+                       for action, overlapped in actions if action.computation_type.value in KINDS])
     return orders
 
 
@@ -177,13 +180,17 @@ def check_runs(name, num_ranks, num_microbatches, num_chunks):
     assert len(orders) == n
     placed = [[(kind, stage(placement, n, rank, chunk), i) for kind, chunk, i in order]
               for rank, order in enumerate(orders)]
-    assert all(kind in KINDS.values() and 0 <= chunk < chunks and 0 <= i < m
+    kinds = [*KINDS.values(), "overlapped_backward"]
+    assert all(kind in kinds and 0 <= chunk < chunks and 0 <= i < m
                for order in orders for kind, chunk, i in order), (name, n, m, num_chunks)
+    for order in orders:  # an overlapped backward is one step with the forward right before it
+        assert all(k > 0 and order[k - 1][0] == "forward" for k, entry in enumerate(order)
+                   if entry[0] == "overlapped_backward"), (name, n, m)
     counts = Counter((kind, index, i) for order in placed for kind, index, i in order)
     for index in range(num_stages):
         for i in range(m):
-            forwards, split, weights, full = (counts[kind, index, i] for kind in KINDS.values())
-            assert (forwards, split + full, weights) == (1, 1, split), (name, n, m, num_chunks, index, i)
+            forwards, split, weights, full, overlapped = (counts[kind, index, i] for kind in kinds)
+            assert (forwards, split + full + overlapped, weights) == (1, 1, split), (name, n, m, num_chunks, index, i)
     assert sum(counts.values()) == sum(len(order) for order in orders)
 
     starts = replay(orders, lambda rank, chunk: stage(placement, n, rank, chunk), num_stages)

@@ -21,6 +21,7 @@ import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root: the scripts, README.md
 sys.path.insert(0, HERE)  # the lesson's modules
+import schedules  # noqa: E402
 from theory import held_theory  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -107,6 +108,7 @@ def gradient_hop(trace, sender, receiver):
 
 
 out = []  # the sections of measured.md, in order
+readme_blocks = {}  # the README's tables, by the name between their markers
 
 # (1) Paced: every computation padded to the pace, four ranks, the pictures drawn by --svg.
 rows, paced = [], {}
@@ -180,6 +182,33 @@ saves one micro-batch's activations at a time, in its B.
 
 {table(["script", "--recompute", "held, ranks 0-3", "theory", "activations, ranks 0-3", "largest held / without"],
        rows)}""")
+
+# (2c) A schedule is a table: 09 runs every table of schedules.py, paced, and at the memory size, n = 4, m = 8.
+rows, readme_rows = [], []
+for name in schedules.SCHEDULES:
+    svg = f" --svg {os.path.join(args.out, 'docs', 'img', '09_dualpipev.svg')}" * (name == "dualpipev")
+    s = run("09_any_schedule.py", 4, f"{PACED} --micro-batches 8 --schedule {name}{svg}")
+    held = run("09_any_schedule.py", 4, f"{MEMORY} --schedule {name}")
+    largest = max(held["peak_held_bytes"])
+    rows.append([name, s["virtual_stages"], f"{s['bubble_busiest']:.3f}", f"{s['bubble_theory']:.3f}",
+                 f"{s['bubble_busiest'] - s['bubble_theory']:+.3f}", s["paced_overruns"],
+                 per_rank(held["peak_inflight_microbatches"]),
+                 per_rank(f"{held_bytes / unit:.2f}" for held_bytes in held["peak_held_bytes"]),
+                 f"{largest / max(memory['06_zbv']['peak_held_bytes']):.2f}"])
+    readme_rows.append(f"| `{name}` | {s['bubble_theory']:.3f} | {s['bubble_busiest']:.3f} | {largest / unit:.1f} "
+                       f"| {largest / max(memory['06_zbv']['peak_held_bytes']):.2f} |")
+out.append(f"""## A schedule is a table: 09
+
+09 runs each table of `schedules.py` on four ranks, m = 8: paced at the size of "Paced: each schedule
+alone" (the bubble beside its table's replay, F, B and W one unit, a full backward two), and at the
+memory size (held bytes in units of one micro-batch's `2 x 24` float64 tensor; the largest beside 06's).
+
+{ran()}
+
+{table(["schedule", "chunks a rank", "busiest rank's bubble", "theory", "excess", "overruns",
+        "in flight, ranks 0-3", "held (units), ranks 0-3", "largest held / 06's"], rows)}""")
+readme_blocks["schedules"] = "\n".join(["| n = 4, m = 8 | bubble, theory | bubble, paced | largest held (units) | "
+                                        "largest held / 06's |", "|---|---|---|---|---|"] + readme_rows)
 
 # (3) Speed: two ranks, the default size, the scripts and PyTorch's own schedules in turn, round by round.
 SPEED_RUNS = [("03 1F1B", "03_1f1b.py", ""), ("04 interleaved, v = 2", "04_interleaved_1f1b.py", "--virtual-stages 2"),
@@ -348,13 +377,16 @@ Step times on shared cores vary from run to run (see each round's below): compar
 this file, and medians rather than single runs. In-flight counts and bytes are exact."""
 with open(os.path.join(args.out, "docs", "measured.md"), "w") as file:
     file.write("\n\n".join([header] + out) + "\n")
-if not args.quick:  # the README's --recompute table and ratio, between its two markers
+readme_blocks["recompute"] = "\n".join(
+    ["| 4 ranks, m = 8, 16 layers: held, ranks 0-3 | without | with `--recompute` |", "|---|---|---|"]
+    + [f"| {name} | {held['off']} | {held['on']} |" for name, held in readme_held.items()]
+    + ["", f"03's step with `--recompute` costs {readme_ratio}." if args.recompute_rounds else ""])
+if not args.quick:  # the README's tables, each between its two markers
     readme = open(os.path.join(HERE, "README.md")).read()
-    begin, end = "<!-- from measure.py -->\n", "<!-- end of what measure.py writes -->"
-    block = "\n".join(["| 4 ranks, m = 8, 16 layers: held, ranks 0-3 | without | with `--recompute` |", "|---|---|---|"]
-                      + [f"| {name} | {held['off']} | {held['on']} |" for name, held in readme_held.items()]
-                      + ["", f"03's step with `--recompute` costs {readme_ratio}." if args.recompute_rounds else ""])
+    for name, block in readme_blocks.items():
+        begin, end = f"<!-- from measure.py: {name} -->\n", f"<!-- end of measure.py's {name} -->"
+        readme = readme[:readme.index(begin) + len(begin)] + block + "\n" + readme[readme.index(end):]
     with open(os.path.join(args.out, "README.md"), "w") as file:
-        file.write(readme[:readme.index(begin) + len(begin)] + block + "\n" + readme[readme.index(end):])
+        file.write(readme)
 print(f"wrote {os.path.join(args.out, 'docs', 'measured.md')} and {os.path.join(args.out, 'docs', 'img')} "
       f"in {minutes:.1f} min")
