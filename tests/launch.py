@@ -62,7 +62,8 @@ def assert_matches(run, baseline):
     step's loss, in the same session."""
     assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
     assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
-    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
+    losses = torch.tensor(run.summary["losses"], dtype=torch.float64)  # the JSON's float64, compared as such
+    reference = torch.tensor(baseline.summary["losses"], dtype=torch.float64)
     assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
 
 

@@ -66,7 +66,8 @@ def test_matches_baseline(runs, baseline, stages, copies, micro_batches, flags):
     assert_close(run.grads, baseline.grads, EXACT, "gradients after the first backward")
     for rank, params in enumerate(run.rank_params):
         assert_close(params, {name: baseline.params[name] for name in params}, EXACT, f"rank {rank}'s parameters")
-    losses, reference = torch.tensor(run.summary["losses"]), torch.tensor(baseline.summary["losses"])
+    losses = torch.tensor(run.summary["losses"], dtype=torch.float64)  # the JSON's float64, compared as such
+    reference = torch.tensor(baseline.summary["losses"], dtype=torch.float64)
     assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)
     # every parameter is on exactly one stage, and every stage is on `copies` ranks
     names = [name for rank_names in run.grad_files for name in rank_names]
