@@ -12,6 +12,7 @@ from theory import (
     naive_bubble,
     one_f_one_b_inflight,
     peak_inflight,
+    replay,
     stage,
     zb_h1_bubble,
     zb_h1_inflight,
@@ -47,3 +48,12 @@ def test_a_full_backward_is_two_units():
     tables = schedules.one_f_one_b(n, m)
     bubble = busiest_bubble(tables, lambda rank, chunk: stage("loop", n, rank, chunk), n)
     assert bubble == pytest.approx(3 * (n - 1) / (3 * m + 3 * (n - 1)))
+
+
+def test_an_order_that_cannot_run_stops_the_replay():
+    """A W before its own B, or a backward before the next stage's: the replay places nothing from there on,
+    which is how tests/test_schedules.py finds a table that would deadlock."""
+    one_rank = [[("forward", 0, 0), ("weight", 0, 0), ("backward", 0, 0)]]
+    assert sorted(replay(one_rank, lambda rank, chunk: rank, 1)) == [(0, "forward", 0)]
+    two_ranks = [[("forward", 0, 0), ("full_backward", 0, 0)], [("full_backward", 0, 0), ("forward", 0, 0)]]
+    assert sorted(replay(two_ranks, lambda rank, chunk: rank, 2)) == [(0, "forward", 0)]
