@@ -1,14 +1,15 @@
 """Any schedule from a table: one runtime for every order in schedules.py. A schedule is a function that
-returns each rank's computations, (kind, chunk, micro_batch); the loop below is 06's, for either placement.
+returns each rank's computations, (kind, chunk, micro_batch); the loop below is 06's, on either placement.
 
     torchrun --nproc_per_node=4 09_any_schedule.py --schedule dualpipev --micro-batches 8
     torchrun --nproc_per_node=4 09_any_schedule.py --schedule interleaved-zero-bubble --virtual-stages 2
 
-A full backward (GPipe, 1F1B, DualPipeV's overlapped steps) runs as its B and its W one right after the other,
-so every table runs on the same three computations; the theory counts it as two units. DualPipeV, n = 3, m = 6
-(f: chunk 1, b/w: split backward, FB: an overlapped F and full backward), as the replay places it:
+A full backward (GPipe, 1F1B, DualPipeV) runs its B, then its W at once; the theory counts it two units. In
+DualPipeV a forward and the full backward after it may be one step ([ ]): both inputs are in before it begins,
+and both results leave together at its end. n = 2, m = 5, f/b/w: chunk 1, BW: a full backward, replayed:
 
-    rank 0  F0 F1 F2 F3 f0 F4 f1 b0 w0 f2 b1 w1 F5 BW0 f3 BW1 ...
+    rank 0  F0 F1 F2 f0 b0 w0 f1[F3 bw1]    [f2 BW0] [F4 bw2] [f3 BW1]  bw3     [f4 BW2]  bw4   B3 W3 B4 W4
+    rank 1     F0 f0 F1 f1 F2 bw0  [f2 BW0] [F3 bw1] [f3 BW1] [F4 bw2] [f4 BW2]  bw3   BW3      b4 B4 w4 W4
 """
 
 import torch
@@ -119,9 +120,13 @@ def train_step(inputs, labels):
 
     # A tensor is sent and received in one group, by both ranks, the moment it is made when every computation
     # takes one unit: all ranks post in the same order of time, so under NCCL's rules none waits for a later group.
-    result, waiting = None, {}  # the last computation's result; Recv -> the group it was posted in
-    for moment in timetable(tables, rank, shapes):
-        pending = post(*[Send(i, result, kind != "forward", chunk) for kind, chunk, i in moment.sends], *moment.recvs)
+    # An overlapped F&B step's two results are made at its end: they go in one group.
+    moments = timetable(tables, rank, shapes)
+    sent = {computation for moment in moments for computation in moment.sends}  # those whose result travels
+    results, waiting = {}, {}  # (kind, chunk, micro_batch) -> its result, held until sent; Recv -> its group
+    for moment in moments:
+        pending = post(*[Send(i, results.pop((kind, chunk, i)), kind != "forward", chunk)
+                         for kind, chunk, i in moment.sends], *moment.recvs)
         waiting.update(dict.fromkeys(moment.recvs, pending))
         kind, chunk, i = moment.computation or (None, None, None)
         if kind == "weight":
@@ -129,9 +134,9 @@ def train_step(inputs, labels):
         elif kind:
             group = waiting.pop(recv := Recv(i, shapes[i], kind != "forward", chunk), None)  # None: nothing comes
             result = (forward if kind == "forward" else backward)(chunk, i, group and group.received(recv))
-            if kind == "full_backward":  # B and W at once: its W right after its B, before the gradient is sent
-                if result is not None:  # the gradient, held meanwhile (the first stage makes none)
-                    track(result)
+            if (kind, chunk, i) in sent:
+                results[kind, chunk, i] = track(result)
+            if kind in ("full_backward", "overlapped_backward"):  # B and W at once: its W right after its B
                 weight_step(i, weight_works.pop((chunk, i)), chunk)
         release(*moment.releases)  # their receivers have used them: they surely have them
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends

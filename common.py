@@ -261,21 +261,21 @@ def timetable(schedules, rank, shapes):
     received the moment it is made, and let go of by its sender when its receiver uses it. schedules: every
     rank's (kind, chunk, micro_batch) in order, its chunks placed as setup placed them; shapes: each micro-batch's."""
     num_stages = 1 + max(stage_of(other, chunk) for other, schedule in enumerate(schedules) for _, chunk, _ in schedule)
-    starts = theory.replay(schedules, stage_of, num_stages)
+    spans = theory.replay(schedules, stage_of, num_stages)  # (start, when its result is out) of each computation
     moments = {}
     moment = lambda time: moments.setdefault(time, Moment([], [], None, []))  # noqa: E731
     for other, schedule in enumerate(schedules):
         for kind, chunk, i in schedule:
             stage = stage_of(other, chunk)
+            start, made = spans[stage, kind, i]
             if other == rank:
-                moments[starts[stage, kind, i]] = moment(starts[stage, kind, i])._replace(computation=(kind, chunk, i))
-            is_gradient = kind in ("backward", "full_backward")  # a backward's result goes to the previous stage
+                moments[start] = moment(start)._replace(computation=(kind, chunk, i))
+            is_gradient = kind in theory.BACKWARDS  # a backward's result goes to the previous stage
             target = stage - 1 if is_gradient else stage + 1 if kind == "forward" else -1  # the stage that uses it
             if not 0 <= target < num_stages:
                 continue
-            made = starts[stage, kind, i] + theory.UNIT[kind]
-            users = ("backward", "full_backward") if is_gradient else ("forward",)  # what uses it on the target stage
-            used = next(starts[target, user, i] for user in users if (target, user, i) in starts)
+            users = theory.BACKWARDS if is_gradient else ("forward",)  # what uses it on the target stage
+            used = next(spans[target, user, i][0] for user in users if (target, user, i) in spans)
             if other == rank:
                 moment(made).sends.append((kind, chunk, i))
                 moment(used).releases.append(Send(i, None, is_gradient, chunk))

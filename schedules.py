@@ -64,11 +64,7 @@ def _number(order, num_microbatches):
         numbered.append((kind, chunk, micro_batch))
         if kind == "backward":
             waiting.append(("weight", chunk, micro_batch))
-    kept = [entry for entry in numbered if entry[2] < num_microbatches]
-    for k, (kind, chunk, micro_batch) in enumerate(kept):
-        if kind == "overlapped_backward" and (k == 0 or kept[k - 1][0] != "forward"):  # its forward was a hole
-            kept[k] = "full_backward", chunk, micro_batch
-    return kept
+    return [entry for entry in numbered if entry[2] < num_microbatches]
 
 
 def _interleaved(num_microbatches, num_chunks, group_size, num_warmup_microbatches):
@@ -170,6 +166,8 @@ def dualpipev(num_ranks, num_microbatches):
     n, num_microbatches_needed = num_ranks, max(num_microbatches, 2 * num_ranks)
     F0, F1, B0, B1 = ("forward", 0), ("forward", 1), ("full_backward", 0), ("full_backward", 1)
     O0, O1 = ("overlapped_backward", 0), ("overlapped_backward", 1)  # each one step with the forward before it
+    if num_microbatches < 2 * n:  # with holes a step could wait for its own forward's result: no overlap then
+        O0, O1 = B0, B1
     I0, I1, W = ("backward", 0), ("backward", 1), ("weight", None)  # I: split backward; W: the oldest still waiting
     tables = []
     for rank in range(n):

@@ -1,7 +1,7 @@
 """The theory every run is compared against, in one place: the scripts' summaries, the harness, the tests
 and tools/measure.py import it. Plain Python: it imports nothing of the lesson.
 
-replay        when each computation starts if each takes its cost and messages are free; common.timetable
+replay        when each computation starts, and when its result is out, if each takes its cost; common.timetable
               follows it, and the harness replays a run's own order with it
 bubbles       each rank's idle share of its pipeline's span, from a replay
 *_bubble      the closed forms, every computation one unit: naive, GPipe and 1F1B, ZB-H1, ZB-V
@@ -13,6 +13,7 @@ import schedules
 
 UNIT = {"forward": 1.0, "backward": 1.0, "weight": 1.0, "full_backward": 2.0, "overlapped_backward": 2.0}  # B + W
 SPANS = dict.fromkeys(UNIT, 1.0)  # every span one unit, as 01-06 pace them: their full backward is one span
+BACKWARDS = ("backward", "full_backward", "overlapped_backward")  # the kinds that send a gradient back
 
 
 def stage(placement, num_ranks, rank, chunk):
@@ -21,47 +22,59 @@ def stage(placement, num_ranks, rank, chunk):
 
 
 def replay(tables, stage_of, num_stages, cost=UNIT, message=0.0):
-    """When each computation starts if every rank runs its table of (kind, chunk, micro_batch) in order, a
-    computation takes cost[kind] and a tensor from another rank `message` more: a forward waits for the
-    previous stage's, a backward (or full backward) for the next stage's (the last stage's for its own
-    forward), a weight gradient for its B. stage_of(rank, chunk) places the chunks.
-    Returns {(stage, kind, micro_batch): start}."""
+    """When each computation starts and ends if every rank runs its table of (kind, chunk, micro_batch) in order,
+    a computation takes cost[kind] and a tensor from another rank `message` more: a forward waits for the previous
+    stage's, a backward (split, full or overlapped) for the next stage's (the last stage's for its own forward), a
+    weight gradient for its B. A forward and the overlapped backward after it are one step: it begins once both
+    inputs are in, and both results leave at its end. stage_of(rank, chunk) places the chunks.
+    Returns {(stage, kind, micro_batch): (start, when its result is out)}; one that cannot run (nor any after it
+    on its rank) is missing."""
     rank_of = {stage_of(rank, chunk): rank for rank, table in enumerate(tables) for _, chunk, _ in table}
-    ends, starts, clock, position = {}, {}, [0.0] * len(tables), [0] * len(tables)
+    ends, spans, clock, position = {}, {}, [0.0] * len(tables), [0] * len(tables)
+
+    def ready(rank, kind, chunk, micro_batch):
+        """When the input of one computation is in, or None while it is not yet made."""
+        stage = stage_of(rank, chunk)
+        if kind == "forward":
+            needed = "forward", micro_batch, stage - 1
+        elif kind == "weight":
+            needed = "backward", micro_batch, stage
+        else:  # a backward: the next stage's, or on the last stage its own forward
+            needed = ("backward", micro_batch, stage + 1) if stage < num_stages - 1 else ("forward", micro_batch, stage)
+        if needed[2] < 0:  # the data
+            return 0.0
+        if needed not in ends:
+            return None
+        return ends[needed] + (message if rank_of[needed[2]] != rank else 0.0)
+
     progress = True
     while progress:
         progress = False
         for rank, table in enumerate(tables):
             while position[rank] < len(table):
-                kind, chunk, micro_batch = table[position[rank]]
-                stage = stage_of(rank, chunk)
-                if kind == "forward":
-                    needed = "forward", micro_batch, stage - 1
-                elif kind == "weight":
-                    needed = "backward", micro_batch, stage
-                else:  # a backward, split or full: the next stage's, or on the last stage its own forward
-                    needed = ("backward", micro_batch, stage + 1) if stage < num_stages - 1 else \
-                        ("forward", micro_batch, stage)
-                if needed[2] >= 0 and needed not in ends:
-                    break  # its input is not ready yet: another rank first
-                ready = ends.get(needed, 0.0)
-                ready += message if needed[2] >= 0 and rank_of[needed[2]] != rank else 0.0
-                start = max(clock[rank], ready)
-                starts[stage, kind, micro_batch] = start
-                clock[rank] = start + cost[kind]
-                ends["forward" if kind == "forward" else "backward" if kind != "weight" else kind, micro_batch, stage] \
-                    = clock[rank]
-                position[rank] += 1
+                pair = table[position[rank]:position[rank] + 2]
+                step = pair if pair[-1][0] == "overlapped_backward" else pair[:1]  # F&B: one step
+                inputs = [ready(rank, *computation) for computation in step]
+                if None in inputs:
+                    break  # an input is not made yet: another rank first
+                start = max([clock[rank], *inputs])
+                end = start + sum(cost[kind] for kind, _, _ in step)
+                for kind, chunk, micro_batch in step:
+                    stage = stage_of(rank, chunk)
+                    spans[stage, kind, micro_batch] = start, end  # its result is out at the step's end
+                    made = "forward" if kind == "forward" else "weight" if kind == "weight" else "backward"
+                    ends[made, micro_batch, stage] = end
+                    start += cost[kind]
+                clock[rank] = end
+                position[rank] += len(step)
                 progress = True
-    return starts
+    return spans
 
 
 def bubbles(tables, stage_of, num_stages, cost=UNIT, message=0.0):
     """Each rank's bubble when its table is replayed at cost[kind] a computation: the share of the
     pipeline's span, from the first start to the last end, that the rank spends idle."""
-    starts = replay(tables, stage_of, num_stages, cost, message)
-    length = max(starts[stage_of(rank, chunk), kind, micro_batch] + cost[kind]
-                 for rank, table in enumerate(tables) for kind, chunk, micro_batch in table)
+    length = max(end for _, end in replay(tables, stage_of, num_stages, cost, message).values())
     return [1 - sum(cost[kind] for kind, _, _ in table) / length for table in tables]
 
 
@@ -169,7 +182,7 @@ def held_theory(script, n, m, blocks, rows, hidden, recompute=False):
     return peaks
 
 
-def held_count(tables, placement, blocks, rows, hidden, recompute=False):
+def held_count(tables, placement, blocks, rows, hidden, recompute=False, keeps_result=True):
     """06's and 09's peaks, counted over their tables at one unit a computation (a full backward two, its B then
     its W), in rows x hidden units; blocks[s]: stage s's blocks (docs/design.md, *ZB-V*, held bytes). A chunk holds
     its input and its blocks' outputs from F to B (with --recompute its input alone, and the recomputed
@@ -177,7 +190,8 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False):
     moment before autograd lets go of the rest. A tensor between two ranks is held by its receiver from the
     moment it is made, and by its sender (a gradient; with --recompute an activation too, which no longer is a
     saved output) until it is used or, sooner, until the sender uses a tensor from that peer made no earlier
-    than it (guarantees.release_on_arrival); the loop's `result` keeps the last F's or B's until the next ends.
+    than it (guarantees.release_on_arrival); 06's loop's `result` keeps the last F's or B's until the next ends
+    (keeps_result; 09 lets go of each result once it is sent).
     The last stage holds its rows x 10 log-probabilities from F to B and their gradient from B to W, and its
     loss the rows' labels and a total weight from F until its B begins (micro-batches of rows x hidden numbers)."""
     head, labels = 10 / hidden, (rows + 1) / (rows * hidden)
@@ -185,26 +199,24 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False):
     num_stages = n * (1 + max(chunk for table in tables for _, chunk, _ in table))
     stage_of = lambda rank, chunk: stage(placement, n, rank, chunk)  # noqa: E731
     rank_of = {stage_of(rank, chunk): rank for rank, table in enumerate(tables) for _, chunk, _ in table}.get
-    starts = replay(tables, stage_of, num_stages)
+    spans = replay(tables, stage_of, num_stages)
 
-    def made_at(where, direction, i):
-        """When stage `where`'s forward (direction "forward") or backward, split or full, of micro-batch i ends."""
-        kind = direction if (where, direction, i) in starts else "full_backward"
-        return starts[where, kind, i] + UNIT[kind]
+    def span(where, direction, i):
+        """(start, when its result is out) of stage `where`'s forward (direction "forward") or its backward."""
+        kinds = ("forward",) if direction == "forward" else ("backward", "full_backward", "overlapped_backward")
+        return next(spans[where, kind, i] for kind in kinds if (where, kind, i) in spans)
 
     events = [[] for _ in range(n)]  # per rank: (time, order within the moment, what, stage, micro-batch)
     for rank, table in enumerate(tables):
         for kind, chunk, i in table:
             where, direction = stage_of(rank, chunk), "forward" if kind == "forward" else "backward"
-            events[rank].append((starts[where, kind, i], 1, kind, where, i))
-            user = {"forward": where + 1, "backward": where - 1, "full_backward": where - 1}.get(kind, -1)
+            events[rank].append((spans[where, kind, i][0], 1, kind, where, i))
+            user = where + 1 if kind == "forward" else -1 if kind == "weight" else where - 1
             if not 0 <= user < num_stages:
                 continue
             if rank_of(user) != rank:
-                events[rank_of(user)].append((made_at(where, direction, i), 0, "arrive " + direction, user, i))
-            used = next(starts[user, used_kind, i] for used_kind in (direction, "full_backward")
-                        if (user, used_kind, i) in starts)
-            events[rank].append((used, 2, "used " + direction, where, i))  # the sender lets go of it
+                events[rank_of(user)].append((span(where, direction, i)[1], 0, "arrive " + direction, user, i))
+            events[rank].append((span(user, direction, i)[0], 2, "used " + direction, where, i))  # the sender lets go
     peaks = []
     for rank in range(n):
         holders, sizes = {}, {}  # tensor -> who holds it (its bytes count while anyone does), its size
@@ -219,9 +231,9 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False):
         held = lambda: sum(sizes[tensor] for tensor, who in holders.items() if who)  # noqa: E731
         peak, sent, result = 0.0, [], None  # sent: (tensor, its peer, the moment it was made)
         for _, _, what, where, i in sorted(events[rank], key=lambda event: event[:2]):
-            source = {"forward": where - 1, "backward": where + 1, "full_backward": where + 1}.get(what, -1)
+            source = where - 1 if what == "forward" else where + 1 if what in BACKWARDS else -1
             if 0 <= source < num_stages and rank_of(source) != rank:  # its input waited for: older sends there let go
-                made = made_at(source, "forward" if what == "forward" else "backward", i)
+                made = span(source, "forward" if what == "forward" else "backward", i)[1]
                 for tensor, peer, when in sent:
                     if peer == rank_of(source) and when <= made:
                         drop(tensor, "transit")
@@ -239,7 +251,7 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False):
                     hold(given, ("F", where, i))
                 if where < num_stages - 1:  # sent, or handed to this rank's other chunk
                     hold(("out", where, i), "transit")
-                    sent.append((("out", where, i), rank_of(where + 1), made_at(where, "forward", i)))
+                    sent.append((("out", where, i), rank_of(where + 1), span(where, "forward", i)[1]))
                 drop(given, "transit")
             elif what == "forward":
                 for tensor in [given] + outputs:
@@ -248,7 +260,7 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False):
                 if where == num_stages - 1:
                     hold(("log-probabilities", i), ("F", where, i), head)
                     hold(("labels", i), ("F", where, i), labels)
-            elif what in ("backward", "full_backward"):
+            elif what in BACKWARDS:
                 drop(("labels", i), ("F", where, i))  # the loss lets go of them first, as its backward begins
                 if recompute:  # the forward again: B holds what F held without the flag
                     for tensor in [given] + outputs:
@@ -266,17 +278,17 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False):
                     drop(tensor, "transit")
                 if where > 0:
                     hold(("grad", where, i), "transit")  # to the previous stage
-                    sent.append((("grad", where, i), rank_of(where - 1), made_at(where, "backward", i)))
+                    sent.append((("grad", where, i), rank_of(where - 1), span(where, "backward", i)[1]))
             if what == "used backward":
                 drop(("grad", where, i), "transit")
             elif what == "used forward":
                 drop(("out", where, i), "transit")
-            if what in ("forward", "backward", "full_backward"):  # the new result replaces the loop's `result`
+            if keeps_result and what in ("forward", *BACKWARDS):  # 06: the new result replaces the loop's `result`
                 drop(result, "result")
                 result = ("out", where, i) if what == "forward" else ("grad", where, i)
                 if (where < num_stages - 1) if what == "forward" else (where > 0):  # not the loss, nor nothing
                     hold(result, "result")
-            if what in ("weight", "full_backward"):  # a full backward's W runs right after its B
+            if what in ("weight", "full_backward", "overlapped_backward"):  # a full backward's W: right after its B
                 peak = max(peak, held())
                 for tensor in holders:
                     drop(tensor, ("W", where, i))

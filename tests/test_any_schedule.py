@@ -107,7 +107,7 @@ def test_held_bytes_are_the_tables_count(runs, name):
     num_chunks = chunks(name)
     blocks = [last - first for first, last in partition(layers, world * num_chunks)]
     theory = held_count(schedules.table(name, world, m, num_chunks), schedules.SCHEDULES[name][1], blocks, rows,
-                        hidden)
+                        hidden, keeps_result=False)
     assert [held / (rows * hidden * 8) for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
 
 
