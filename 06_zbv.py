@@ -142,7 +142,8 @@ def train_step(inputs, labels):
         if kind == "weight":
             weight_step(*weight_works[chunk].pop(0))
         elif kind:
-            group = waiting.pop(recv := Recv(i, shapes[i], kind == "backward", chunk), None)  # None: nothing comes
+            recv = Recv(i, shapes[i], kind == "backward", chunk)
+            group = waiting.pop(recv, None)  # None: nothing comes
             result = (forward if kind == "forward" else backward)(chunk, i, group and group.received(recv))
         release(*moment.releases)  # their receivers have used them: they surely have them
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends

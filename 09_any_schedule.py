@@ -132,7 +132,8 @@ def train_step(inputs, labels):
         if kind == "weight":
             weight_step(i, weight_works.pop((chunk, i)), chunk)
         elif kind:
-            group = waiting.pop(recv := Recv(i, shapes[i], kind != "forward", chunk), None)  # None: nothing comes
+            recv = Recv(i, shapes[i], kind != "forward", chunk)
+            group = waiting.pop(recv, None)  # None: nothing comes
             result = (forward if kind == "forward" else backward)(chunk, i, group and group.received(recv))
             if (kind, chunk, i) in sent:
                 results[kind, chunk, i] = track(result)

@@ -11,7 +11,6 @@ import datetime
 import math
 import os
 import zlib
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -184,19 +183,23 @@ def post(*operations):
     """Post Sends and Recvs as one group and return at once; pending.wait() returns what was received.
     NCCL runs two ranks' sends and receives in order on one stream: those that must overlap go together."""
     guarantees.hold_back()
-    messages, arrivals = [], {}  # to and from other ranks; Recv -> its Message
+    messages, arrivals = [], {}  # to and from other ranks; Recv -> its Message (None where the pipeline ends)
     for op in operations:
         is_send = isinstance(op, Send)
-        link, message = _link(op, sending=is_send), None  # None where the pipeline ends
+        link = _link(op, sending=is_send)  # None where the pipeline ends
+        message = None
         if link is not None and link.peer == dist.get_rank():  # a link to itself: the tensor stays on this rank
             message = guarantees.stay_local(link, harness.track(op.tensor.detach()) if is_send else None)
         elif link is not None:
             tensor = op.tensor.detach() if is_send else torch.empty(op.shape, dtype=_dtype, device=_device)
-            messages.append(message := guarantees.Message(link, harness.track(tensor), is_send))
-        arrivals.update({} if is_send else {op: message})
+            message = guarantees.Message(link, harness.track(tensor), is_send)
+            messages.append(message)
+        if not is_send:
+            arrivals[op] = message
     operations = [dist.P2POp(dist.isend if message.is_send else dist.irecv, message.tensor, message.link.peer,
                              group=_group, tag=guarantees.wire_tag(message.link)) for message in messages]
-    guarantees.posted(messages, dist.batch_isend_irecv(operations) if operations else [])
+    requests = dist.batch_isend_irecv(operations) if operations else []
+    guarantees.posted(messages, requests)
     return Pending(arrivals)
 
 
@@ -208,16 +211,20 @@ class Pending(collections.namedtuple("Pending", "arrivals")):  # arrivals: Recv 
         return [self.received(recv) for recv in list(self.arrivals)]
 
     def received(self, recv):
-        """Wait for one of the group's Recvs and return its tensor: from here on only the caller holds it."""
-        tensor = guarantees.arrive(self.arrivals.pop(recv))
-        # a received activation is a leaf: backward leaves the gradient to send back in its .grad
-        return tensor if tensor is None or recv.is_gradient else tensor.requires_grad_()
+        """Wait for one of the group's Recvs and return its tensor: from here on only the caller holds it. An
+        activation comes back a leaf that requires grad: backward leaves the gradient to send back in its .grad."""
+        message = self.arrivals.pop(recv)
+        tensor = guarantees.arrive(message)
+        if tensor is not None and not recv.is_gradient:
+            tensor.requires_grad_()
+        return tensor
 
 
 def release(*sends):
     """Let go of these Sends' tensors (their tensor field unused), once their peers have them (06)."""
     for send in sends:
-        if link := _link(send, sending=True):
+        link = _link(send, sending=True)
+        if link is not None:
             guarantees.release(link)
 
 
@@ -233,7 +240,8 @@ def stage_of(rank, chunk):
 
 def _link(operation, sending):
     """The Link of one of this rank's Sends or Recvs, or None where the pipeline ends."""
-    stage, last = stage_of(_rank, operation.chunk), _num_ranks * guarantees.num_chunks - 1
+    stage = stage_of(_rank, operation.chunk)
+    last = _num_ranks * guarantees.num_chunks - 1  # the last stage
     boundary = stage if sending != operation.is_gradient else stage - 1  # toward the next stage, or the previous
     if not 0 <= boundary < last:
         return None
@@ -248,12 +256,11 @@ def _link(operation, sending):
 # ----------------------------------------------------------------------------- a schedule as a table (06)
 
 
-class Moment(NamedTuple):
-    """What a rank does at one moment of a replayed schedule, in this order."""
-    sends: list  # (kind, chunk, micro_batch) of its computation that ends now, if its result goes to another stage
-    recvs: list  # Recvs of the tensors made now for it
-    computation: tuple  # (kind, chunk, micro_batch) that it starts now, or None
-    releases: list  # Sends (without their tensor) of its own that their receiver uses now
+# What a rank does at one moment of a replayed schedule, in this order: it sends the results made now that go to
+# another stage ((kind, chunk, micro_batch) of their computations), posts the Recvs of the tensors made now for it,
+# starts a computation ((kind, chunk, micro_batch), or None), and lets go of its Sends (without their tensor) that
+# their receivers use now.
+Moment = collections.namedtuple("Moment", "sends recvs computation releases")
 
 
 def timetable(schedules, rank, shapes):

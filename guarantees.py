@@ -50,7 +50,8 @@ def posted(messages, requests):
     global groups
     harness.posted(messages)
     for message, request in zip(messages, requests):
-        message.request, message.group = request, groups
+        message.request = request
+        message.group = groups
         if message.is_send:
             in_transit[message.link] = message
         else:

@@ -26,6 +26,7 @@ Schedule1F1B m >= n, ScheduleDualPipeV m >= 2n, its interleaved schedules m a mu
     table("1f1b", 4, 8)[0]  # rank 0: [("forward", 0, 0), ("forward", 0, 1), ("forward", 0, 2), ...]
 """
 
+import heapq
 import inspect
 
 
@@ -56,7 +57,8 @@ def _number(order, num_microbatches):
     counts, waiting, numbered = {}, [], []
     for kind, chunk in order:
         if kind == "weight":
-            numbered.append(weight := next(entry for entry in waiting if chunk in (None, entry[1])))
+            weight = next(entry for entry in waiting if chunk in (None, entry[1]))
+            numbered.append(weight)
             waiting.remove(weight)
             continue
         key = kind == "forward", chunk  # a split and a full backward share one count
@@ -234,3 +236,171 @@ def table(name, num_ranks, num_microbatches, num_chunks=2):
     """Every rank's computations in order for the schedule `name`; num_chunks goes to the schedules that take it."""
     chunks = (num_chunks,) if takes_virtual_stages(name) else ()
     return _function(name)(num_ranks, num_microbatches, *chunks)
+
+
+def _ranks(num_ranks, num_chunks):
+    """Each stage's rank in search's placements: stage s on rank s ("loop"), or on rank min(s, 2n - 1 - s) ("v")."""
+    num_stages = num_ranks * num_chunks
+    return [stage if num_chunks == 1 else min(stage, num_stages - 1 - stage) for stage in range(num_stages)]
+
+
+def _made_ready(kind, stage, micro_batch, num_stages):
+    """The computations a finished one gives an input to: a forward, the next stage's forward (the last stage's: its
+    own backward); a backward, its W and the previous stage's backward."""
+    if kind == "forward":
+        return [("forward", stage + 1, micro_batch) if stage < num_stages - 1 else ("backward", stage, micro_batch)]
+    if kind == "backward":
+        return [("weight", stage, micro_batch)] + [("backward", stage - 1, micro_batch)] * (stage > 0)
+    return []
+
+
+def _greedy(num_ranks, num_chunks, num_microbatches, cost, limit):
+    """The first order, messages free: a free rank runs the ready computation it prefers. A B that a neighbour waits
+    for (all but stage 0's) before an F, except right after a B: then an F (1F1B), a W first if memory is full; then
+    stage 0's B, then a W. The V's second-arm F's and first-arm B's first. On the V, a first-arm F never takes the
+    last slot while every pair held waits for its second-arm F: that could deadlock.
+    Returns (span, starts, orders), a computation as (kind, stage, micro_batch)."""
+    rank_of, num_stages = _ranks(num_ranks, num_chunks), num_ranks * num_chunks
+    first_arm = [num_chunks == 2 and stage < num_ranks for stage in range(num_stages)]
+    ready = [{} for _ in range(num_ranks)]  # per rank, (kind, stage): heap of (when its input is in, micro_batch)
+    ready[0]["forward", 0] = [(0.0, micro_batch) for micro_batch in range(num_microbatches)]
+    events, clock, held, owed = [(0.0, 0)], [0.0] * num_ranks, [0] * num_ranks, [0] * num_ranks
+    after_backward, starts, orders = [False] * num_ranks, {}, [[] for _ in range(num_ranks)]
+    while events:
+        now, rank = heapq.heappop(events)
+        arrived = {key: heap[0] for key, heap in ready[rank].items() if heap and heap[0][0] <= now}
+        if clock[rank] > now or not arrived:
+            continue
+        fits = {stage: held[rank] < limit and not (first_arm[stage] and held[rank] + 1 == limit == owed[rank] + 1)
+                for kind, stage in arrived if kind == "forward"}
+        room = after_backward[rank] and not all(fits.values())  # a W to make room for the F that 1F1B wants
+        choices = []
+        for (kind, stage), (arrival, micro_batch) in arrived.items():
+            if kind == "forward" and fits[stage]:
+                preference = 0 if after_backward[rank] else 1, -stage
+            elif kind == "backward":
+                preference = (1 if after_backward[rank] else 0) if stage > 0 else 2, stage
+            elif kind == "weight":
+                preference = 0 if room else 3, 0
+            else:
+                continue
+            choices.append((preference, arrival, micro_batch, kind, stage))
+        if not choices:
+            continue
+        _, _, micro_batch, kind, stage = min(choices)
+        heapq.heappop(ready[rank][kind, stage])
+        starts[kind, stage, micro_batch], clock[rank] = now, now + cost[kind]
+        orders[rank].append((kind, stage, micro_batch))
+        heapq.heappush(events, (clock[rank], rank))
+        held[rank] += (kind == "forward") - (kind == "weight")
+        owed[rank] += kind == "forward" and num_chunks == 2 and (1 if first_arm[stage] else -1)
+        after_backward[rank] = kind == "backward" or kind == "weight" and after_backward[rank]
+        for next_kind, next_stage, _ in _made_ready(kind, stage, micro_batch, num_stages):
+            next_rank = rank_of[next_stage]
+            heapq.heappush(ready[next_rank].setdefault((next_kind, next_stage), []), (clock[rank], micro_batch))
+            heapq.heappush(events, (clock[rank], next_rank))
+    return max(clock), starts, orders
+
+
+def _reschedule(num_ranks, num_chunks, starts, cost, message, limit, reverse):
+    """One pass: a free rank runs the ready computation that began first in the last schedule, but waits for one that
+    began sooner if it comes in before this would end, and takes memory (F's) in the last schedule's order. Reverse:
+    the same on the graph reversed, time running back, the last to end first (a W takes memory, its F gives it back).
+    Returns (span, starts, orders) forwards, or None if it deadlocks."""
+    rank_of, num_stages = _ranks(num_ranks, num_chunks), num_ranks * num_chunks
+    key = {node: -start - cost[node[0]] if reverse else start for node, start in starts.items()}
+    after, inputs = {node: [] for node in key}, dict.fromkeys(key, 0)  # inputs: how many are still to come
+    for node in key:
+        for made in _made_ready(*node, num_stages):
+            after[made if reverse else node].append(node if reverse else made)
+            inputs[node if reverse else made] += 1
+    take, give = ("weight", "forward") if reverse else ("forward", "weight")
+    takers = [[] for _ in range(num_ranks)]  # per rank, the computations that take memory, in the last order
+    for node in sorted((node for node in key if node[0] == take), key=key.get):
+        takers[rank_of[node[1]]].append(node)
+    ready, parked, events, arrival = [[] for _ in range(num_ranks)], set(), [], dict.fromkeys(key, 0.0)
+    clock, held, taken = [0.0] * num_ranks, [0] * num_ranks, [0] * num_ranks
+    times, orders = {}, [[] for _ in range(num_ranks)]
+
+    def arrive(node):
+        """Its inputs are in: to its rank's heap, or parked while it is not the next to take memory."""
+        rank = rank_of[node[1]]
+        if node[0] == take and takers[rank][taken[rank]] != node:
+            parked.add(node)
+        else:
+            heapq.heappush(ready[rank], (key[node], arrival[node], node))
+            heapq.heappush(events, (arrival[node], rank))
+
+    for node in key:
+        if not inputs[node]:
+            arrive(node)
+    while events:
+        now, rank = heapq.heappop(events)
+        if clock[rank] > now:
+            continue
+        skipped, pick, sooner = [], None, None
+        while ready[rank] and pick is None:
+            skipped.append(heapq.heappop(ready[rank]))
+            _, when, node = skipped[-1]
+            if node[0] == take and held[rank] == limit:
+                continue
+            if when <= now:
+                pick = skipped.pop()
+            elif sooner is None:
+                sooner = when  # it began sooner last time
+        for item in skipped:
+            heapq.heappush(ready[rank], item)
+        if pick and sooner is not None and sooner < now + cost[pick[2][0]]:  # it comes in before pick would end
+            heapq.heappush(ready[rank], pick)
+            heapq.heappush(events, (sooner, rank))
+            continue
+        if not pick:
+            continue
+        node = pick[2]
+        times[node], clock[rank] = now, now + cost[node[0]]
+        orders[rank].append(node)
+        heapq.heappush(events, (clock[rank], rank))
+        held[rank] += (node[0] == take) - (node[0] == give)
+        taken[rank] += node[0] == take
+        if node[0] == take and taken[rank] < len(takers[rank]) and takers[rank][taken[rank]] in parked:
+            parked.remove(takers[rank][taken[rank]])
+            arrive(takers[rank][taken[rank]])
+        for made in after[node]:
+            inputs[made] -= 1
+            arrival[made] = max(arrival[made], clock[rank] + (message if rank_of[made[1]] != rank else 0.0))
+            if not inputs[made]:
+                arrive(made)
+    if len(times) < len(key):
+        return None
+    span = max(clock)
+    if not reverse:
+        return span, times, orders
+    return span, {node: span - start - cost[node[0]] for node, start in times.items()}, [o[::-1] for o in orders]
+
+
+def search(num_ranks, num_microbatches, placement, costs, memory, message=0.0):
+    """A table found, not written, in the spirit of the zero-bubble paper: each rank's forward, backward and weight
+    computations (every backward split) for num_ranks ranks placed "loop" (one chunk each) or "v" (two), at a
+    stage's costs {"forward": F, "backward": B, "weight": W} (a chunk of the V: half) and a tensor's `message` time
+    between ranks. memory: the most activations a rank may hold, in micro-batches of a stage (a chunk of the V holds
+    half of one), as tools/plan.py counts them. A greedy (_greedy) gives the first order; a pass backwards and one
+    forwards (_reschedule) may shorten it; the shortest is kept. Below memory 1 no schedule runs: a rank holds a
+    micro-batch from its F to its W (on the V, the turn rank both of its chunks)."""
+    _check(num_ranks, num_microbatches)
+    if placement not in ("loop", "v"):
+        raise ValueError(f"placement is {placement!r}: pass 'loop' (one chunk a rank) or 'v' (two).")
+    if not memory >= 1:
+        raise ValueError(f"memory is {memory!r}: no schedule runs in less than 1 micro-batch of a stage a rank.")
+    num_chunks = 1 if placement == "loop" else 2
+    cost = {kind: costs[kind] / num_chunks for kind in ("forward", "backward", "weight")}
+    limit = int(memory * num_chunks + 1e-9)  # (chunk, micro_batch) pairs a rank may hold
+    first = current = _greedy(num_ranks, num_chunks, num_microbatches, cost, limit)
+    best = None if message else first  # its span counts no messages
+    for reverse in (True, False):
+        current = _reschedule(num_ranks, num_chunks, current[1], cost, message, limit, reverse)
+        if current is None:
+            break
+        if best is None or current[0] < best[0]:
+            best = current
+    orders = (best or first)[2]
+    return [[(kind, stage // num_ranks, micro_batch) for kind, stage, micro_batch in order] for order in orders]
