@@ -255,10 +255,11 @@ def _made_ready(kind, stage, micro_batch, num_stages):
 
 
 def _greedy(num_ranks, num_chunks, num_microbatches, cost, limit):
-    """The first order, messages free: a free rank runs the ready computation it prefers. A B that a neighbour waits
-    for (all but stage 0's) before an F, except right after a B: then an F (1F1B), a W first if memory is full; then
-    stage 0's B, then a W. The V's second-arm F's and first-arm B's first. On the V, a first-arm F never takes the
-    last slot while every pair held waits for its second-arm F: that could deadlock.
+    """The search's first order, found as if messages were free (it orders better so; the passes time it with them).
+    A free rank runs the ready computation it prefers: a B that a neighbour waits for (any but stage 0's) before an
+    F, except right after a B, when an F comes first (1F1B), a W before it if memory is full; then stage 0's B; then
+    a W. Of the V's, second-arm F's and first-arm B's first: their micro-batches are older. A first-arm F never
+    takes a rank's last slot while every pair it holds waits for its second-arm F there: none could run.
     Returns (span, starts, orders), a computation as (kind, stage, micro_batch)."""
     rank_of, num_stages = _ranks(num_ranks, num_chunks), num_ranks * num_chunks
     first_arm = [num_chunks == 2 and stage < num_ranks for stage in range(num_stages)]
@@ -268,10 +269,11 @@ def _greedy(num_ranks, num_chunks, num_microbatches, cost, limit):
     after_backward, starts, orders = [False] * num_ranks, {}, [[] for _ in range(num_ranks)]
     while events:
         now, rank = heapq.heappop(events)
-        arrived = {key: heap[0] for key, heap in ready[rank].items() if heap and heap[0][0] <= now}
-        if clock[rank] > now or not arrived:
+        if clock[rank] > now:
             continue
-        fits = {stage: held[rank] < limit and not (first_arm[stage] and held[rank] + 1 == limit == owed[rank] + 1)
+        arrived = {key: heap[0] for key, heap in ready[rank].items() if heap and heap[0][0] <= now}
+        last_slot_for_all = held[rank] + 1 == limit and owed[rank] == held[rank]  # all held wait for a 2nd-arm F
+        fits = {stage: held[rank] < limit and not (first_arm[stage] and last_slot_for_all)
                 for kind, stage in arrived if kind == "forward"}
         room = after_backward[rank] and not all(fits.values())  # a W to make room for the F that 1F1B wants
         choices = []
@@ -293,8 +295,10 @@ def _greedy(num_ranks, num_chunks, num_microbatches, cost, limit):
         orders[rank].append((kind, stage, micro_batch))
         heapq.heappush(events, (clock[rank], rank))
         held[rank] += (kind == "forward") - (kind == "weight")
-        owed[rank] += kind == "forward" and num_chunks == 2 and (1 if first_arm[stage] else -1)
-        after_backward[rank] = kind == "backward" or kind == "weight" and after_backward[rank]
+        if kind == "forward" and num_chunks == 2:
+            owed[rank] += 1 if first_arm[stage] else -1
+        if kind != "weight":  # a W keeps the 1F1B turn
+            after_backward[rank] = kind == "backward"
         for next_kind, next_stage, _ in _made_ready(kind, stage, micro_batch, num_stages):
             next_rank = rank_of[next_stage]
             heapq.heappush(ready[next_rank].setdefault((next_kind, next_stage), []), (clock[rank], micro_batch))
@@ -350,11 +354,11 @@ def _reschedule(num_ranks, num_chunks, starts, cost, message, limit, reverse):
                 sooner = when  # it began sooner last time
         for item in skipped:
             heapq.heappush(ready[rank], item)
-        if pick and sooner is not None and sooner < now + cost[pick[2][0]]:  # it comes in before pick would end
+        if pick is None:
+            continue
+        if sooner is not None and sooner < now + cost[pick[2][0]]:  # it comes in before pick would end
             heapq.heappush(ready[rank], pick)
             heapq.heappush(events, (sooner, rank))
-            continue
-        if not pick:
             continue
         node = pick[2]
         times[node], clock[rank] = now, now + cost[node[0]]
@@ -375,7 +379,8 @@ def _reschedule(num_ranks, num_chunks, starts, cost, message, limit, reverse):
     span = max(clock)
     if not reverse:
         return span, times, orders
-    return span, {node: span - start - cost[node[0]] for node, start in times.items()}, [o[::-1] for o in orders]
+    forward_times = {node: span - start - cost[node[0]] for node, start in times.items()}  # time run forwards again
+    return span, forward_times, [order[::-1] for order in orders]
 
 
 def search(num_ranks, num_microbatches, placement, costs, memory, message=0.0):
@@ -393,7 +398,7 @@ def search(num_ranks, num_microbatches, placement, costs, memory, message=0.0):
         raise ValueError(f"memory is {memory!r}: no schedule runs in less than 1 micro-batch of a stage a rank.")
     num_chunks = 1 if placement == "loop" else 2
     cost = {kind: costs[kind] / num_chunks for kind in ("forward", "backward", "weight")}
-    limit = int(memory * num_chunks + 1e-9)  # (chunk, micro_batch) pairs a rank may hold
+    limit = int(min(memory, num_microbatches) * num_chunks + 1e-9)  # (chunk, micro_batch) pairs a rank may hold
     first = current = _greedy(num_ranks, num_chunks, num_microbatches, cost, limit)
     best = None if message else first  # its span counts no messages
     for reverse in (True, False):

@@ -9,6 +9,8 @@ bubbles       each rank's idle share of its pipeline's span, from a replay
 held_theory   each rank's peak held bytes, in micro-batch activations (docs/design.md, *Memory*)
 """
 
+from typing import NamedTuple
+
 import schedules
 
 UNIT = {"forward": 1.0, "backward": 1.0, "weight": 1.0, "full_backward": 2.0, "overlapped_backward": 2.0}  # B + W
@@ -99,6 +101,60 @@ def peak_inflight(tables):
             peak = max(peak, alive)
         peaks.append(peak)
     return peaks
+
+
+def stage_costs(forward=1.0, backward=1.0, weight=1.0):
+    """Each kind's cost for a stage at these F, B and W times: a backward that is not split costs B + W."""
+    split = {"forward": forward, "backward": backward, "weight": weight}
+    return {kind: split.get(kind, backward + weight) for kind in UNIT}
+
+
+def messages(tables, stage_of, num_stages):
+    """Each rank's tensors sent to another rank in a step: a forward's output to the next stage and a backward's
+    gradient to the previous one, where that stage is another rank's."""
+    rank_of = {stage_of(rank, chunk): rank for rank, table in enumerate(tables) for _, chunk, _ in table}
+    sent = []
+    for rank, table in enumerate(tables):
+        counts = {}  # (chunk, +1 forwards or -1 backwards): how many computations send that way
+        for kind, chunk, _ in table:
+            if kind == "forward" or kind in BACKWARDS:
+                way = chunk, 1 if kind == "forward" else -1
+                counts[way] = counts.get(way, 0) + 1
+        targets = {way: stage_of(rank, way[0]) + way[1] for way in counts}
+        sent.append(sum(count for way, count in counts.items()
+                        if 0 <= targets[way] < num_stages and rank_of[targets[way]] != rank))
+    return sent
+
+
+class Simulation(NamedTuple):
+    """A table replayed at given costs: what tools/plan.py prints of it."""
+    step: float  # from the first start to the last end
+    bubble: float  # the busiest rank's idle share of the step, as a script's bubble_theory
+    peak_inflight: list  # each rank's most activations alive at once, in micro-batches of a stage
+    messages: list  # each rank's tensors sent to another rank
+    spans: dict  # {(stage, kind, micro_batch): (start, when its result is out)}, as replay gives them
+
+
+def simulate(tables, placement, num_chunks, cost=UNIT, message=0.0):
+    """A table's step, bubble, memory and messages in one call, at a stage's costs (stage_costs) and a message
+    time. A rank holding num_chunks chunks holds 1/num_chunks of a stage in each: a chunk's computation costs
+    that share of a stage's, and its activations count as that share of a micro-batch's (its peak is counted
+    over its table: a rank's count changes only at its own computations). ValueError if the table cannot run."""
+    num_ranks = len(tables)
+    stages = {(rank, chunk): stage(placement, num_ranks, rank, chunk) for rank in range(num_ranks)
+              for chunk in range(num_chunks)}
+
+    def stage_of(rank, chunk):
+        return stages[rank, chunk]
+
+    chunk_cost = {kind: value / num_chunks for kind, value in cost.items()}
+    spans = replay(tables, stage_of, num_ranks * num_chunks, chunk_cost, message)
+    if len(spans) < sum(len(table) for table in tables):
+        raise ValueError("the table cannot run: a rank waits for an input that the orders never make (deadlock).")
+    step = max(end for _, end in spans.values()) - min(start for start, _ in spans.values())
+    busiest = max(sum(chunk_cost[kind] for kind, _, _ in table) for table in tables)
+    return Simulation(step, 1 - busiest / step, [peak / num_chunks for peak in peak_inflight(tables)],
+                      messages(tables, stage_of, num_ranks * num_chunks), spans)
 
 
 def naive_bubble(n):

@@ -1,0 +1,185 @@
+"""tools/plan.py, theory.simulate and schedules.search: the plan's rows and bad input, the search's tables (valid,
+within memory, never deadlocked) and its bubble against every table of its placement that fits the same memory."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+import schedules
+import theory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KINDS = ("forward", "backward", "weight")
+
+
+def plan(*flags):
+    """tools/plan.py run from the repository's root, as a user runs it."""
+    return subprocess.run([sys.executable, "tools/plan.py", *flags], cwd=ROOT, capture_output=True, text=True)
+
+
+def rows(*flags):
+    """plan.py --json's objects, by schedule."""
+    result = plan(*flags, "--json")
+    assert result.returncode == 0, result.stderr
+    return {row["schedule"]: row for row in map(json.loads, result.stdout.splitlines())}
+
+
+def simulated(tables, placement, cost, message=0.0):
+    return theory.simulate(tables, placement, 1 if placement == "loop" else 2, cost, message)
+
+
+def rivals(placement, num_ranks, num_microbatches, cost):
+    """Every schedules.py table of the search's placement (the loop's at one chunk a rank) that runs: name -> its
+    simulation."""
+    found = {}
+    for name, (_, its_placement) in schedules.SCHEDULES.items():
+        if its_placement != placement:
+            continue
+        try:
+            tables = schedules.table(name, num_ranks, num_microbatches, 1 if placement == "loop" else 2)
+            found[name] = simulated(tables, placement, cost)
+        except ValueError:  # a layout the rule does not take, or an order that cannot run
+            continue
+    return found
+
+
+def test_every_schedule_at_64_stages_and_256_micro_batches_in_under_10_seconds():
+    start = time.perf_counter()
+    found = rows("--stages", "64", "--micro-batches", "256")
+    elapsed = time.perf_counter() - start
+    assert set(found) == {*schedules.SCHEDULES, "search"}
+    assert elapsed < 10, f"{elapsed:.1f} s"
+
+
+def test_json_rows_name_every_schedule_and_carry_its_numbers():
+    found = rows("--stages", "4", "--micro-batches", "8", "--costs", "1,2,1,0.5", "--memory", "4")
+    assert set(found) == {*schedules.SCHEDULES, "search"}  # the names --schedule takes, and the search's
+    for row in found.values():
+        assert row.keys() >= {"schedule", "step", "bubble", "peak_inflight", "messages"}
+        assert len(row["peak_inflight"]) == len(row["messages"]) == 4
+    assert found["1f1b"]["peak_inflight"] == [4, 3, 2, 1]
+    assert found["1f1b"]["messages"] == [8, 16, 16, 8]  # m forwards out of rank 0; m each way in the middle
+    assert found["gpipe"]["over_memory"] and not found["search"]["over_memory"]
+
+
+def test_simulate_agrees_with_the_closed_forms():
+    n, m = 4, 8
+    one_f_one_b = simulated(schedules.one_f_one_b(n, m), "loop", theory.UNIT)
+    assert one_f_one_b.bubble == pytest.approx(theory.gpipe_bubble(n, m))
+    assert one_f_one_b.step == 3 * (m + n - 1)
+    zbv = simulated(schedules.zbv(n, m), "v", theory.UNIT)  # a chunk of the V: half a stage's time and memory
+    assert zbv.bubble == pytest.approx(theory.zbv_bubble(n, m))
+    assert zbv.peak_inflight == [theory.zbv_inflight(n, m, rank) / 2 for rank in range(n)]
+
+
+@pytest.mark.parametrize("num_ranks, num_microbatches", [(4, 8), (8, 32), (3, 5), (2, 4), (5, 17)])
+@pytest.mark.parametrize("forward, backward, weight", [(1, 1, 1), (1, 2, 1), (1, 1, 2), (2, 3, 1)])
+@pytest.mark.parametrize("placement", ["loop", "v"])
+def test_the_search_is_no_worse_than_any_table_that_fits_its_memory(num_ranks, num_microbatches, forward,
+                                                                    backward, weight, placement):
+    cost = theory.stage_costs(forward, backward, weight)
+    for name, rival in rivals(placement, num_ranks, num_microbatches, cost).items():
+        memory = max(rival.peak_inflight)
+        found = simulated(schedules.search(num_ranks, num_microbatches, placement, cost, memory), placement, cost)
+        assert max(found.peak_inflight) <= memory
+        assert found.bubble <= rival.bubble + 1e-9, f"{name} at memory {memory}"
+
+
+def own_bubbles(found, tables, placement, cost):
+    """Each rank's idle share of its own span, from its first start to its last end."""
+    shares = []
+    for rank, table in enumerate(tables):
+        spans = [found.spans[theory.stage(placement, len(tables), rank, chunk), kind, micro_batch]
+                 for kind, chunk, micro_batch in table]
+        busy = sum(cost[kind] for kind, _, _ in table)
+        shares.append(1 - busy / (max(end for _, end in spans) - min(start for start, _ in spans)))
+    return shares
+
+
+@pytest.mark.parametrize("num_ranks, num_microbatches", [(4, 8), (8, 32), (3, 12)])
+def test_at_twice_the_memory_the_search_leaves_no_bubble_inside_a_rank(num_ranks, num_microbatches):
+    """Equal F, B and W, memory 2n on the loop (ZB-H2's). Over the pipeline's span ZB-H1 is already the least any
+    order can reach, (n - 1) / (3m + n - 1): the last rank starts n - 1 units late and computes 3m. So is the
+    search's. Within each rank's own span, as the zero-bubble paper counts ZB-H2's, the search leaves none, where
+    ZB-H1 leaves rank 0 its n - 1 units: at most half of ZB-H1's bubble either way."""
+    n, m = num_ranks, num_microbatches
+    tables = schedules.search(n, m, "loop", theory.UNIT, 2 * n)
+    found = simulated(tables, "loop", theory.UNIT)
+    zb_h1 = simulated(schedules.zb_h1(n, m), "loop", theory.UNIT)
+    assert max(found.peak_inflight) <= 2 * n
+    assert found.bubble == pytest.approx(zb_h1.bubble) == pytest.approx((n - 1) / (3 * m + n - 1))
+    assert max(own_bubbles(found, tables, "loop", theory.UNIT)) <= zb_h1.bubble / 2
+
+
+@pytest.mark.parametrize("placement", ["loop", "v"])
+@pytest.mark.parametrize("forward, backward, weight, message", [(1, 1, 1, 0), (1, 2, 1, 0), (2, 1, 3, 0.5)])
+def test_search_tables_are_valid_for_any_layout_and_memory(placement, forward, backward, weight, message):
+    """Each (chunk, micro_batch) of each rank: one F, one B, one W; within memory; and the replay runs them all."""
+    cost, num_chunks = theory.stage_costs(forward, backward, weight), 1 if placement == "loop" else 2
+    for n in range(1, 7):
+        for m in (1, 2, 3, 5, 8, 13):
+            for memory in sorted({1, 1.5, 2, n, 2 * n, m + 1}):
+                tables = schedules.search(n, m, placement, cost, memory, message)
+                every = Counter((kind, chunk, i) for kind in KINDS for chunk in range(num_chunks) for i in range(m))
+                assert all(Counter(table) == every for table in tables), (n, m, memory)
+                found = simulated(tables, placement, cost, message)  # raises if it deadlocks
+                assert max(found.peak_inflight) <= memory, (n, m, memory)
+
+
+@pytest.mark.parametrize("arguments, sentence", [
+    ((4, 8, "loop", 0.5), "memory is 0.5"), ((4, 8, "v", 0.9), "memory is 0.9"), ((4, 8, "ring", 2), "placement"),
+    ((0, 8, "loop", 2), "num_ranks"), ((4, 0, "loop", 2), "num_microbatches")])
+def test_search_refuses_what_no_schedule_can_do(arguments, sentence):
+    num_ranks, num_microbatches, placement, memory = arguments
+    with pytest.raises(ValueError, match=sentence):
+        schedules.search(num_ranks, num_microbatches, placement, theory.UNIT, memory)
+
+
+def write_trace(path, events):
+    with open(path, "w") as file:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, file)
+
+
+def span(kind, duration, chunk):
+    return {"name": f"{kind} 0.{chunk}", "cat": kind, "ph": "X", "pid": 0, "tid": 0, "ts": 0, "dur": duration,
+            "args": {"step": 1, "micro_batch": 0, "chunk": chunk}}
+
+
+def test_costs_from_a_trace_are_each_kinds_mean_span_of_a_stage(tmp_path):
+    """A run with two chunks a rank: a chunk's mean span is half a stage's."""
+    trace = tmp_path / "trace.json"
+    write_trace(trace, [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "rank 0"}},
+                        span("forward", 10, 0), span("forward", 20, 1), span("backward", 30, 0),
+                        span("backward", 30, 1), span("weight", 5, 0), span("weight", 15, 1),
+                        {"name": "wait", "cat": "wait", "ph": "X", "pid": 0, "tid": 0, "ts": 0, "dur": 999}])
+    assert rows("--stages", "4", "--micro-batches", "8", "--costs-from", str(trace)) == \
+        rows("--stages", "4", "--micro-batches", "8", "--costs", "30,60,20")
+
+
+def test_svg_draws_every_schedule(tmp_path):
+    result = plan("--stages", "3", "--micro-batches", "4", "--svg", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for name in [*schedules.SCHEDULES, "search"]:
+        assert (tmp_path / f"{name}.svg").read_text().startswith("<svg")
+
+
+@pytest.mark.parametrize("flags", [
+    ["--memory", "0.5"], ["--costs", "1,x,1"], ["--costs", "1,2"], ["--costs", "1,0,1"], ["--costs", "1,1,1,-1"],
+    ["--costs-from", "TRACE_WITHOUT_SPANS"], ["--costs-from", "NO_SUCH_FILE"], ["--costs-from", "NOT_JSON"],
+    ["--stages", "0"], ["--stages", "four"]])
+def test_bad_input_is_one_sentence_and_a_failure(flags, tmp_path):
+    write_trace(tmp_path / "empty.json", [{"name": "wait", "cat": "wait", "ph": "X", "ts": 0, "dur": 5}])
+    (tmp_path / "garbage.json").write_text("{not json")
+    paths = {"TRACE_WITHOUT_SPANS": tmp_path / "empty.json", "NO_SUCH_FILE": tmp_path / "missing.json",
+             "NOT_JSON": tmp_path / "garbage.json"}
+    flags = [str(paths.get(flag, flag)) for flag in flags]
+    defaults = ["--stages", "4", "--micro-batches", "8"] if "--stages" not in flags else ["--micro-batches", "8"]
+    result = plan(*defaults, *flags)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: "), result.stderr

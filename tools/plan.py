@@ -1,0 +1,187 @@
+"""Plan a pipeline on paper: every schedule in schedules.py, and one searched for your costs and memory, replayed at
+a stage's costs, one row each, the fastest first. Pure Python: no torch, no processes.
+
+    python tools/plan.py --stages 8 --micro-batches 32 --costs 1,2,1
+    python tools/plan.py --stages 8 --micro-batches 32 --costs-from /tmp/trace.json --memory 8 --json
+    python tools/plan.py --stages 4 --micro-batches 8 --svg /tmp/plans
+
+step: the pipeline's span, first start to last end, in cost units. bubble: the busiest rank's idle share of it, as a
+script's bubble_theory. peak: activations alive at once, in micro-batches of a stage (a chunk of a rank holding v
+chunks is 1/v of a stage), on the rank that holds most and on rank 0. messages: the tensors a rank sends to another
+rank in a step, the most of any rank. search: schedules.search, on whichever placement is faster.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import NamedTuple
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
+sys.path.insert(0, HERE)  # the lesson's modules
+import schedules  # noqa: E402
+import theory  # noqa: E402
+
+KINDS = ("forward", "backward", "weight")
+COLOURS = {"forward": "#4e79a7", "backward": "#59a14f", "weight": "#f28e2b"}  # the harness's; a full backward: B's
+
+
+class Row(NamedTuple):
+    """One schedule's line: its tables replayed (simulation), or why it cannot run (error)."""
+    schedule: str  # as --schedule takes it
+    placement: str  # "loop" or "v"
+    chunks: int  # model chunks a rank
+    tables: list = None
+    simulation: theory.Simulation = None
+    error: str = None
+
+
+def fail(message):
+    """One sentence on stderr and a non-zero exit: bad input is not a bug, so no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1])
+parser.error = fail  # argparse's own complaints in the same one line
+parser.add_argument("--stages", type=int, required=True, help="ranks in the pipeline, n")
+parser.add_argument("--micro-batches", type=int, required=True, help="micro-batches a step, m")
+parser.add_argument("--virtual-stages", type=int, default=2, help="chunks a rank for the interleaved schedules (2)")
+costs = parser.add_mutually_exclusive_group()
+costs.add_argument("--costs", default="1,1,1", help="a stage's F, B and W times, and a message's between ranks: "
+                   "F,B,W[,MSG] (1,1,1)")
+costs.add_argument("--costs-from", metavar="TRACE", help="F, B and W from the --trace of a run: each kind's mean span")
+parser.add_argument("--memory", type=float, help="the most activations a rank may hold, in micro-batches of a stage "
+                    "(a chunk of a rank holding v is 1/v): rows over it are marked and the search keeps within it "
+                    "(default: no mark, and the search holds at most n, as 1F1B)")
+parser.add_argument("--json", action="store_true", help="one JSON object a line, one per schedule, instead")
+parser.add_argument("--svg", metavar="DIR", help="draw each schedule's timeline into DIR/<schedule>.svg")
+
+
+def parse_costs(text):
+    """F, B, W and MSG from --costs; MSG is 0 unless given."""
+    try:
+        values = [float(value) for value in text.split(",")]
+    except ValueError:
+        values = []
+    valid = len(values) in (3, 4) and all(math.isfinite(value) and value >= 0 for value in values)
+    if not valid or min(values[:3]) == 0:
+        fail(f"--costs takes F,B,W or F,B,W,MSG, positive numbers (MSG may be 0), not {text!r}.")
+    return values[:3] + [values[3] if len(values) == 4 else 0.0]
+
+
+def costs_from_trace(path):
+    """A stage's F, B and W from a Chrome trace: each kind's mean span (dur, in microseconds), times the run's chunks
+    a rank, since a chunk is that share of a stage."""
+    try:
+        with open(path) as file:
+            trace = json.load(file)
+    except (OSError, ValueError) as error:
+        fail(f"cannot read the trace {path}: {error}.")
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    spans = [event for event in events if isinstance(event, dict) and event.get("ph") == "X"
+             and isinstance(event.get("dur"), (int, float))]
+    num_chunks = 1 + max((int(event.get("args", {}).get("chunk") or 0) for event in spans), default=0)
+    means = []
+    for kind in KINDS:
+        durations = [event["dur"] for event in spans if event.get("cat") == kind]
+        if not durations:
+            where = "a script that splits the backward (05, 06, 09)" if kind == "weight" else "a run"
+            fail(f"the trace {path} has no {kind} spans (ph 'X', cat '{kind}', a dur): pass the --trace of {where}.")
+        means.append(num_chunks * sum(durations) / len(durations))
+    return means
+
+
+def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory):
+    """Every schedule's row, and the search's on whichever placement is faster (searched first: it checks memory)."""
+    searched = []
+    for placement, chunks in (("loop", 1), ("v", 2)):
+        try:
+            tables = schedules.search(num_ranks, num_microbatches, placement, cost, memory, message)
+        except ValueError as error:
+            fail(str(error))
+        simulation = theory.simulate(tables, placement, chunks, cost, message)
+        searched.append(Row("search", placement, chunks, tables, simulation))
+    rows = []
+    for name, (_, placement) in schedules.SCHEDULES.items():
+        chunks = num_chunks if schedules.takes_virtual_stages(name) else 2 if placement == "v" else 1
+        try:
+            tables = schedules.table(name, num_ranks, num_microbatches, chunks)
+            rows.append(Row(name, placement, chunks, tables, theory.simulate(tables, placement, chunks, cost, message)))
+        except ValueError as error:  # a layout the rule does not take, or a table that cannot run
+            rows.append(Row(name, placement, chunks, error=str(error)))
+    return rows + [min(searched, key=lambda row: row.simulation.step)]
+
+
+def over(simulation, memory):
+    """Whether the rank that holds most holds more than --memory (None: no --memory given)."""
+    return None if memory is None else max(simulation.peak_inflight) > memory + 1e-9
+
+
+def write_svg(path, row, cost):
+    """A line per rank, a box per computation from its start for its cost, coloured by kind; idle left blank."""
+    left, width, height = 60, 960, 22
+    scale = width / row.simulation.step
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 10}" '
+             f'height="{height * (len(row.tables) + 1)}" font-family="monospace" font-size="11">',
+             '<rect width="100%" height="100%" fill="white"/>',
+             f'<text x="4" y="15">{row.schedule} ({row.placement}, {row.chunks} chunk(s) a rank): '
+             f'step {row.simulation.step:g}, bubble {row.simulation.bubble:.3f}</text>']
+    for rank, table in enumerate(row.tables):
+        y = height * (rank + 1)
+        parts.append(f'<text x="4" y="{y + 15}">rank {rank}</text>')
+        for kind, chunk, micro_batch in table:
+            stage = theory.stage(row.placement, len(row.tables), rank, chunk)
+            start, _ = row.simulation.spans[stage, kind, micro_batch]
+            x, w = left + start * scale, cost[kind] / row.chunks * scale
+            parts.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{height - 4}" '
+                         f'fill="{COLOURS.get(kind, COLOURS["backward"])}" stroke="white"/>')
+    with open(path, "w") as file:
+        file.write("\n".join(parts + ["</svg>"]) + "\n")
+
+
+def main():
+    args = parser.parse_args()
+    for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches),
+                        ("--virtual-stages", args.virtual_stages)):
+        if value < 1:
+            fail(f"{flag} is {value}: pass 1 or more.")
+    if args.costs_from:
+        forward, backward, weight, message = *costs_from_trace(args.costs_from), 0.0
+    else:
+        forward, backward, weight, message = parse_costs(args.costs)
+    cost = theory.stage_costs(forward, backward, weight)
+    memory = args.stages if args.memory is None else args.memory
+    rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory)
+    rows.sort(key=lambda row: row.simulation.step if row.simulation else math.inf)
+    if args.svg:
+        os.makedirs(args.svg, exist_ok=True)
+        for row in rows:
+            if row.simulation:
+                write_svg(os.path.join(args.svg, f"{row.schedule}.svg"), row, cost)
+    if args.json:
+        for row in rows:
+            fields = {"error": row.error} if row.error else {
+                "step": row.simulation.step, "bubble": row.simulation.bubble,
+                "peak_inflight": row.simulation.peak_inflight, "messages": row.simulation.messages,
+                "over_memory": over(row.simulation, args.memory)}
+            print(json.dumps({"schedule": row.schedule, "placement": row.placement, "chunks": row.chunks, **fields}))
+        return
+    print(f"n = {args.stages} ranks, m = {args.micro_batches} micro-batches; a stage's F {forward:g}, B {backward:g}, "
+          f"W {weight:g}, message {message:g}; the search within memory {memory:g}")
+    print(f"{'schedule':<24} {'placement':>9} {'chunks':>6} {'step':>10} {'bubble':>7} {'peak':>6} {'rank 0':>6} "
+          f"{'messages':>8}")
+    for row in rows:
+        start = f"{row.schedule:<24} {row.placement:>9} {row.chunks:>6}"
+        if row.error:
+            print(f"{start}  does not run: {row.error}")
+            continue
+        simulation = row.simulation
+        mark = "  over --memory" if over(simulation, args.memory) else ""
+        print(f"{start} {simulation.step:>10.1f} {simulation.bubble:>7.3f} {max(simulation.peak_inflight):>6g} "
+              f"{simulation.peak_inflight[0]:>6g} {max(simulation.messages):>8}{mark}")
+
+
+if __name__ == "__main__":
+    main()
