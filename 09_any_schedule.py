@@ -29,11 +29,10 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step, track
-from theory import busiest_bubble, peak_inflight
+from theory import best_search, busiest_bubble, parse_costs, peak_inflight
 
 args = parse_args(__doc__, micro_batches=True, schedule=True)
-placement = schedules.SCHEDULES[args.schedule][1]
-rank, num_ranks, device = setup(args, placement=placement)
+rank, num_ranks, device = setup(args, placement=args.placement)  # "loop" or "v", as the schedule places its chunks
 num_chunks = args.virtual_stages  # 2 on the V; on the loop, 1 or --virtual-stages
 # this rank's layers only: chunk c is stage c n + rank ("loop"), or rank and 2n - 1 - rank ("v")
 stages = [build_stage(args, stage_of(rank, chunk), num_ranks * num_chunks, device) for chunk in range(num_chunks)]
@@ -144,7 +143,15 @@ def train_step(inputs, labels):
     return sum(losses) if any(stage.is_last for stage in stages) else None
 
 
-tables = schedules.table(args.schedule, num_ranks, args.micro_batches, num_chunks)  # every rank's computations
+def get_tables():
+    """Every rank's computations in order: the schedule's table, or one searched for --costs and --memory."""
+    if args.schedule != "search":
+        return schedules.table(args.schedule, num_ranks, args.micro_batches, num_chunks)
+    cost, message = parse_costs(args.costs)
+    return best_search(num_ranks, args.micro_batches, cost, args.memory, message)[1]  # as tools/plan.py finds it
+
+
+tables = get_tables()
 for step in range(args.steps):
     inputs, labels = get_batch(args, step, device)
     with timed_step(step):

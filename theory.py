@@ -157,6 +157,27 @@ def simulate(tables, placement, num_chunks, cost=UNIT, message=0.0):
                       messages(tables, stage_of, num_ranks * num_chunks), spans)
 
 
+def parse_costs(text):
+    """A stage's costs (stage_costs) and a message's time from "F,B,W" or "F,B,W,MSG" (MSG 0 unless given);
+    ValueError with one sentence for anything else."""
+    try:
+        values = [float(value) for value in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) not in (3, 4) or not all(0 < value < float("inf") for value in values[:3]) or \
+            not all(0 <= value < float("inf") for value in values[3:]):
+        raise ValueError(f"--costs takes F,B,W or F,B,W,MSG, positive numbers (MSG may be 0), not {text!r}.")
+    return stage_costs(*values[:3]), (values[3] if len(values) == 4 else 0.0)
+
+
+def best_search(num_ranks, num_microbatches, cost, memory, message=0.0):
+    """schedules.search on the placement whose table is faster at these costs (the loop's on a tie), as
+    tools/plan.py and 09's --schedule search find it: (placement, tables)."""
+    found = [(placement, schedules.search(num_ranks, num_microbatches, placement, cost, memory, message))
+             for placement in ("loop", "v")]
+    return min(found, key=lambda pair: simulate(pair[1], pair[0], 1 + (pair[0] == "v"), cost, message).step)
+
+
 def naive_bubble(n):
     """01: one stage works at a time."""
     return (n - 1) / n
@@ -238,7 +259,7 @@ def held_theory(script, n, m, blocks, rows, hidden, recompute=False):
     return peaks
 
 
-def held_count(tables, placement, blocks, rows, hidden, recompute=False, keeps_result=True):
+def held_count(tables, placement, blocks, rows, hidden, recompute=False):
     """06's and 09's peaks, counted over their tables at one unit a computation (a full backward two, its B then
     its W), in rows x hidden units; blocks[s]: stage s's blocks (docs/design.md, *ZB-V*, held bytes). A chunk holds
     its input and its blocks' outputs from F to B (with --recompute its input alone, and the recomputed
@@ -246,8 +267,7 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False, keeps_r
     moment before autograd lets go of the rest. A tensor between two ranks is held by its receiver from the
     moment it is made, and by its sender (a gradient; with --recompute an activation too, which no longer is a
     saved output) until it is used or, sooner, until the sender uses a tensor from that peer made no earlier
-    than it (guarantees.release_on_arrival); 06's loop's `result` keeps the last F's or B's until the next ends
-    (keeps_result; 09 lets go of each result once it is sent).
+    than it (guarantees.release_on_arrival); the loop's `result` keeps the last F's or B's until the next ends.
     The last stage holds its rows x 10 log-probabilities from F to B and their gradient from B to W, and its
     loss the rows' labels and a total weight from F until its B begins (micro-batches of rows x hidden numbers)."""
     head, labels = 10 / hidden, (rows + 1) / (rows * hidden)
@@ -339,7 +359,7 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False, keeps_r
                 drop(("grad", where, i), "transit")
             elif what == "used forward":
                 drop(("out", where, i), "transit")
-            if keeps_result and what in ("forward", *BACKWARDS):  # 06: the new result replaces the loop's `result`
+            if what in ("forward", *BACKWARDS):  # the new result replaces the loop's `result`
                 drop(result, "result")
                 result = ("out", where, i) if what == "forward" else ("grad", where, i)
                 if (where < num_stages - 1) if what == "forward" else (where > 0):  # not the loss, nor nothing

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import schedules
+import theory
 
 
 class PipelineError(Exception):
@@ -66,11 +67,17 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     parser = model_flags(doc, micro_batches, v_shape)
     if schedule:
         parser.add_argument("--schedule", default="1f1b", metavar="NAME",
-                            help=f"the table to run, one of: {', '.join(schedules.SCHEDULES)}")
+                            help=f"the table to run, one of: {', '.join([*schedules.SCHEDULES, 'search'])}")
         looping = [name for name in schedules.SCHEDULES if schedules.takes_virtual_stages(name)]
         parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",
                             help=f"model chunks per rank, for the schedules that take them ({', '.join(looping)}; "
                                  "default 2)")
+        parser.add_argument("--costs", metavar="F,B,W[,MSG]",
+                            help="--schedule search: a stage's F, B and W times and a message's, as tools/plan.py "
+                                 "takes them (default 1,1,1)")
+        parser.add_argument("--memory", type=float, metavar="K",
+                            help="--schedule search: the most activations a rank may hold, in micro-batches of a "
+                                 "stage (default: the ranks, 1F1B's)")
     if virtual_stages:
         parser.add_argument("--virtual-stages", type=int, default=2, help="model chunks per rank")
     if data_parallel:
@@ -102,19 +109,36 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
 
 
 def _check_schedule(args):
-    """09: a schedule we have, --virtual-stages only where it means something, and a layout its table can take.
-    Sets args.virtual_stages to the model chunks per rank that the schedule places."""
-    if args.schedule not in schedules.SCHEDULES:
-        fail(f"--schedule {args.schedule} is not a schedule of ours: pass one of {', '.join(schedules.SCHEDULES)}.")
-    placement = schedules.SCHEDULES[args.schedule][1]
+    """09: a schedule we have, --virtual-stages, --costs and --memory only where they mean something, and a layout
+    its table can take. Sets args.placement, args.virtual_stages (the model chunks a rank holds) and, for the
+    search, the defaults of --costs and --memory."""
+    names = [*schedules.SCHEDULES, "search"]
+    if args.schedule not in names:
+        fail(f"--schedule {args.schedule} is not a schedule of ours: pass one of {', '.join(names)}.")
+    num_ranks = int(os.environ.get("WORLD_SIZE", 1))
+    for flag, value in (("--costs", args.costs), ("--memory", args.memory)):
+        if value is not None and args.schedule != "search":
+            fail(f"{flag} is for --schedule search, which finds a table for them: leave it out of {args.schedule}.")
+    if args.schedule == "search":
+        if args.virtual_stages is not None:
+            fail("--schedule search places its own chunks (one a rank, or two as a V), so leave --virtual-stages out.")
+        args.costs = args.costs or "1,1,1"
+        args.memory = num_ranks if args.memory is None else args.memory  # 1F1B's
+        try:
+            cost, message = theory.parse_costs(args.costs)
+            args.placement, _ = theory.best_search(num_ranks, max(1, args.micro_batches), cost, args.memory, message)
+        except ValueError as error:
+            fail(f"--schedule search on {num_ranks} rank{'s' * (num_ranks > 1)}: {error}")
+        args.virtual_stages = 2 if args.placement == "v" else 1
+        return
+    args.placement = schedules.SCHEDULES[args.schedule][1]
     if schedules.takes_virtual_stages(args.schedule):
         args.virtual_stages = 2 if args.virtual_stages is None else args.virtual_stages
     elif args.virtual_stages is not None:
-        chunks = "two model chunks on each rank, as a V" if placement == "v" else "one model chunk on each rank"
+        chunks = "two model chunks on each rank, as a V" if args.placement == "v" else "one model chunk on each rank"
         fail(f"--schedule {args.schedule} places {chunks}, so --virtual-stages means nothing to it: leave it out.")
     else:
-        args.virtual_stages = 2 if placement == "v" else 1
-    num_ranks = int(os.environ.get("WORLD_SIZE", 1))
+        args.virtual_stages = 2 if args.placement == "v" else 1
     try:
         schedules.table(args.schedule, num_ranks, max(1, args.micro_batches), max(1, args.virtual_stages))
     except ValueError as error:

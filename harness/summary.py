@@ -72,6 +72,7 @@ def _summarize(args, ranks, timed, measured):
         "step_ms_median": statistics.median_high([step_ms[step] for step in measured]),
         "stage_layers": layers if len(ranks[0].layers) > 1 else [chunk for (chunk,) in layers],
         "parameter_bytes": [rank.params for rank in ranks],
+        **{flag: getattr(args, flag) for flag in ("schedule", "placement", "costs", "memory") if hasattr(args, flag)},
     }
     if args.overhead:
         summary["step_ms_median_bare"] = statistics.median_high([step_ms[step] for step in timed if step % 2])

@@ -3,6 +3,8 @@ within 1e-10, layers and micro-batches that do not divide evenly, also under --s
 counted over its table, and lands on its replay's bubble when paced; bad input is one sentence. And the tables
 are the numbered scripts' own orders: what 01-06 computed, read back from their traces, is their table."""
 
+import json
+import subprocess
 import sys
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 import schedules
 from common import partition
 from tests.launch import (
+    HERE,
     MEMORY,
     SIZE,
     SYNC,
@@ -21,7 +24,7 @@ from tests.launch import (
     size,
     torchrun,
 )
-from theory import busiest_bubble, held_count, peak_inflight, stage
+from theory import best_search, busiest_bubble, held_count, parse_costs, peak_inflight, stage
 
 SCRIPT = "09_any_schedule.py"
 NAMES = list(schedules.SCHEDULES)
@@ -107,7 +110,7 @@ def test_held_bytes_are_the_tables_count(runs, name):
     num_chunks = chunks(name)
     blocks = [last - first for first, last in partition(layers, world * num_chunks)]
     theory = held_count(schedules.table(name, world, m, num_chunks), schedules.SCHEDULES[name][1], blocks, rows,
-                        hidden, keeps_result=False)
+                        hidden)
     assert [held / (rows * hidden * 8) for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
 
 
@@ -115,7 +118,7 @@ PACED = ("--layers", "8", "--hidden", "24", "--batch-size", "16", "--steps", "2"
          "--dtype", "float64", "--pace", "50")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [*NAMES, "search"])
 def test_paced_bubble_is_the_replay(runs, name):
     """Every span padded to 50 ms, n = 4, m = 8: the busiest rank's bubble is the table's unit-time replay
     (F, B and W one unit, a full backward two) within 0.03."""
@@ -125,12 +128,59 @@ def test_paced_bubble_is_the_replay(runs, name):
                                                                                summary["bubble_theory"])
 
 
+def test_plan_is_what_runs(runs):
+    """tools/plan.py at n = 4, m = 8 and its default costs (F, B, W one unit): for every schedule and the search, its
+    bubble within 0.03 of 09's paced one, and its peak in flight (micro-batches of a stage) 09's measured peak."""
+    result = subprocess.run([sys.executable, "tools/plan.py", "--stages", "4", "--micro-batches", "8", "--json"],
+                            cwd=HERE, capture_output=True, text=True, check=True)
+    planned = {row["schedule"]: row for row in map(json.loads, result.stdout.splitlines())}
+    assert sorted(planned) == sorted([*NAMES, "search"])
+    for name, row in planned.items():
+        summary = runs(SCRIPT, 4, *PACED, "--micro-batches", "8", "--schedule", name).summary
+        assert abs(row["bubble"] - summary["bubble_busiest"]) <= 0.03, (name, row["bubble"], summary["bubble_busiest"])
+        assert [peak * row["chunks"] for peak in row["peak_inflight"]] == summary["peak_inflight_microbatches"], name
+
+
+# (world size, micro-batches, flags): the search's tables, run by 09, at memories from 1F1B's (the default) to 2n,
+# costs that favour either placement, under --sync-sends at every other one.
+SEARCHES = [(2, 3, 7, ()), (3, 6, 7, ("--memory", "6", *SYNC)), (4, 8, 9, ("--costs", "1,2,1", "--memory", "8")),
+            (4, 7, 9, ("--costs", "1,3,1", *SYNC)), (3, 4, 7, ("--costs", "2,2,1,0.5", "--memory", "2")),
+            (0, 3, 7, ())]
+
+
+@pytest.mark.parametrize("world,micro_batches,layers,flags", SEARCHES, ids=case_ids(SEARCHES, "n", "m", "L"))
+def test_search_matches_baseline(runs, world, micro_batches, layers, flags):
+    """schedules.search's table, run by 09: the baseline's gradients, and the in-flight count of its table."""
+    run = any_schedule(runs, "search", world, micro_batches, layers, *flags)
+    assert_matches(run, runs("00_baseline.py", 0, *size(layers)))
+    summary = run.summary
+    cost, message = parse_costs(summary["costs"])
+    placement, tables = best_search(max(world, 1), micro_batches, cost, summary["memory"], message)
+    assert (summary["placement"], summary["peak_inflight_microbatches"]) == (placement, peak_inflight(tables))
+    assert max(peak_inflight(tables)) <= summary["memory"] * (1 + (placement == "v")), "within --memory"
+
+
+@pytest.mark.parametrize("flags", [(), ("--costs", "1,2,1", "--memory", "8")])
+def test_search_holds_its_count(runs, flags):
+    """The search's held bytes are the count over its table, exactly, as every table's."""
+    world, m, rows, hidden, layers = 4, 8, 2, 24, 16
+    summary = pipelined(runs, SCRIPT, world, m, "--schedule", "search", *flags, size=MEMORY).summary
+    cost, message = parse_costs(summary["costs"])
+    placement, tables = best_search(world, m, cost, summary["memory"], message)
+    blocks = [last - first for first, last in partition(layers, world * (1 + (placement == "v")))]
+    theory = held_count(tables, placement, blocks, rows, hidden)
+    assert [held / (rows * hidden * 8) for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
+
+
 @pytest.mark.parametrize("ranks,flags,words", [
     (2, ("--schedule", "pipedream"), ("--schedule pipedream", *(f"{name}" for name in NAMES))),
     (0, ("--schedule", "dualpipev"), ("--schedule dualpipev on 1 rank", "start more ranks")),
     (2, ("--schedule", "1f1b", "--virtual-stages", "2"), ("--schedule 1f1b", "--virtual-stages", "leave it out")),
     (2, ("--schedule", "zbv", "--virtual-stages", "3"), ("--schedule zbv", "as a V", "leave it out")),
     (2, ("--schedule", "looped-bfs", "--virtual-stages", "4", "--layers", "7"), ("x 4 virtual stages", "--layers 8")),
+    (2, ("--schedule", "zbv", "--memory", "4"), ("--memory is for --schedule search", "leave it out")),
+    (2, ("--schedule", "search", "--memory", "0.5"), ("--schedule search on 2 ranks", "memory")),
+    (2, ("--schedule", "search", "--costs", "1,two,1"), ("--costs takes F,B,W",)),
 ])
 def test_bad_input(ranks, flags, words):
     """One sentence, on every rank's behalf, and no rank left waiting."""

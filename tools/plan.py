@@ -59,18 +59,6 @@ parser.add_argument("--json", action="store_true", help="one JSON object a line,
 parser.add_argument("--svg", metavar="DIR", help="draw each schedule's timeline into DIR/<schedule>.svg")
 
 
-def parse_costs(text):
-    """F, B, W and MSG from --costs; MSG is 0 unless given."""
-    try:
-        values = [float(value) for value in text.split(",")]
-    except ValueError:
-        values = []
-    valid = len(values) in (3, 4) and all(math.isfinite(value) and value >= 0 for value in values)
-    if not valid or min(values[:3]) == 0:
-        fail(f"--costs takes F,B,W or F,B,W,MSG, positive numbers (MSG may be 0), not {text!r}.")
-    return values[:3] + [values[3] if len(values) == 4 else 0.0]
-
-
 def costs_from_trace(path):
     """A stage's F, B and W from a Chrome trace: each kind's mean span (dur, in microseconds), times the run's chunks
     a rank, since a chunk is that share of a stage."""
@@ -95,14 +83,12 @@ def costs_from_trace(path):
 
 def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory):
     """Every schedule's row, and the search's on whichever placement is faster (searched first: it checks memory)."""
-    searched = []
-    for placement, chunks in (("loop", 1), ("v", 2)):
-        try:
-            tables = schedules.search(num_ranks, num_microbatches, placement, cost, memory, message)
-        except ValueError as error:
-            fail(str(error))
-        simulation = theory.simulate(tables, placement, chunks, cost, message)
-        searched.append(Row("search", placement, chunks, tables, simulation))
+    try:
+        placement, tables = theory.best_search(num_ranks, num_microbatches, cost, memory, message)
+    except ValueError as error:
+        fail(str(error))
+    chunks = 1 + (placement == "v")
+    searched = Row("search", placement, chunks, tables, theory.simulate(tables, placement, chunks, cost, message))
     rows = []
     for name, (_, placement) in schedules.SCHEDULES.items():
         chunks = num_chunks if schedules.takes_virtual_stages(name) else 2 if placement == "v" else 1
@@ -111,7 +97,7 @@ def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory):
             rows.append(Row(name, placement, chunks, tables, theory.simulate(tables, placement, chunks, cost, message)))
         except ValueError as error:  # a layout the rule does not take, or a table that cannot run
             rows.append(Row(name, placement, chunks, error=str(error)))
-    return rows + [min(searched, key=lambda row: row.simulation.step)]
+    return rows + [searched]
 
 
 def over(simulation, memory):
@@ -148,10 +134,13 @@ def main():
         if value < 1:
             fail(f"{flag} is {value}: pass 1 or more.")
     if args.costs_from:
-        forward, backward, weight, message = *costs_from_trace(args.costs_from), 0.0
+        cost, message = theory.stage_costs(*costs_from_trace(args.costs_from)), 0.0
     else:
-        forward, backward, weight, message = parse_costs(args.costs)
-    cost = theory.stage_costs(forward, backward, weight)
+        try:
+            cost, message = theory.parse_costs(args.costs)
+        except ValueError as error:
+            fail(str(error))
+    forward, backward, weight = (cost[kind] for kind in KINDS)
     memory = args.stages if args.memory is None else args.memory
     rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory)
     rows.sort(key=lambda row: row.simulation.step if row.simulation else math.inf)
