@@ -210,6 +210,36 @@ memory size (held bytes in units of one micro-batch's `2 x 24` float64 tensor; t
 readme_blocks["schedules"] = "\n".join(["| n = 4, m = 8 | bubble, theory | bubble, paced | largest held (units) | "
                                         "largest held / 06's |", "|---|---|---|---|---|"] + readme_rows)
 
+# (2d) Planning at scale: tools/plan.py, every schedule and the search, m = 4n, F : B : W = 1 : 2 : 1, no processes.
+plan_rows, by_schedule = [], {}  # by_schedule: name -> its README cells, n by n
+for stages in (8, 32, 64):
+    command = [sys.executable, "tools/plan.py", "--stages", str(stages), "--micro-batches", str(4 * stages),
+               "--costs", "1,2,1", "--json"]
+    commands.append(" ".join(["python", *command[1:]]))
+    begin = time.time()
+    planned = [json.loads(line) for line in subprocess.run(command, cwd=HERE, capture_output=True, text=True,
+                                                           check=True).stdout.splitlines()]
+    seconds = time.time() - begin
+    for row in planned:
+        peak = max(row["peak_inflight"])
+        plan_rows.append([stages, 4 * stages, row["schedule"], row["placement"], row["chunks"], f"{row['step']:g}",
+                          f"{row['bubble']:.3f}", f"{peak:g}", f"{row['peak_inflight'][0]:g}", max(row["messages"]),
+                          f"{seconds:.1f}"])
+        by_schedule.setdefault(row["schedule"], []).append(f"{row['bubble']:.3f} | {peak:g}")
+out.append(f"""## Planning at scale: tools/plan.py
+
+Every schedule of `schedules.py` and the search, replayed at a stage's F : B : W = 1 : 2 : 1 with free
+messages, m = 4n, sorted by step: the step in those units, the busiest rank's bubble, the largest rank's and rank
+0's peak activations (micro-batches of a stage), the most tensors a rank sends, and the seconds plan.py took.
+
+{ran()}
+
+{table(["n", "m", "schedule", "placement", "chunks", "step", "bubble", "peak", "rank 0", "messages", "plan.py (s)"],
+       plan_rows)}""")
+readme_blocks["plan"] = "\n".join(
+    ["| m = 4n, F : B : W = 1 : 2 : 1 | n = 8: bubble | peak | n = 32: bubble | peak | n = 64: bubble | peak |",
+     "|---|---|---|---|---|---|---|"] + [f"| `{name}` | {' | '.join(cells)} |" for name, cells in by_schedule.items()])
+
 # (3) Speed: two ranks, the default size, the scripts and PyTorch's own schedules in turn, round by round.
 SPEED_RUNS = [("03 1F1B", "03_1f1b.py", ""), ("04 interleaved, v = 2", "04_interleaved_1f1b.py", "--virtual-stages 2"),
               ("05 ZB-H1", "05_zero_bubble.py", ""), ("06 ZB-V", "06_zbv.py", ""),
