@@ -150,7 +150,6 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
-# the count over this order's table (schedules.py): alive at a rank's peak, and the bubble at one unit a span
-tables = interleaved_1f1b(num_ranks, args.micro_batches, num_chunks)
+tables = interleaved_1f1b(num_ranks, args.micro_batches, num_chunks)  # this order as a table: the theory's count
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
        bubble_theory=busiest_bubble(tables, stage_of, num_ranks * num_chunks, cost=SPANS))

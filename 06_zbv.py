@@ -160,7 +160,6 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
-# the count over this order's table (schedules.py): in flight from F to W, and the bubble at one unit a span
-tables = zbv(num_ranks, args.micro_batches)
+tables = zbv(num_ranks, args.micro_batches)  # this order as a table (schedules.py): the theory counts over it
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
        bubble_theory=busiest_bubble(tables, stage_of, 2 * num_ranks))  # equal F, B, W; see the README
