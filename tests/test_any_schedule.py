@@ -188,3 +188,33 @@ def test_bad_input(ranks, flags, words):
     result, seconds = run_quietly(command)
     assert_one_sentence(result, *words)
     assert seconds < 30
+
+
+# --recompute on every kind of table: split (zb-h1, interleaved zero bubble), full (1f1b), overlapped (dualpipev).
+RECOMPUTED = [("1f1b", 3, 4, ()), ("zb-h1", 2, 3, SYNC), ("dualpipev", 3, 6, ()),
+              ("interleaved-zero-bubble", 2, 4, SYNC)]
+
+
+@pytest.mark.parametrize("name,world,micro_batches,flags", RECOMPUTED, ids=case_ids(RECOMPUTED, "", "n", "m"))
+def test_recompute_matches_baseline_and_holds_its_count(runs, name, world, micro_batches, flags):
+    """--recompute: the baseline's gradients, and held bytes the count over the table with only inputs kept."""
+    run = any_schedule(runs, name, world, micro_batches, 7, "--recompute", *flags)
+    assert_matches(run, runs("00_baseline.py", 0, *size(7)))
+    rows, hidden, layers = 16 // 8, 24, 16
+    summary = pipelined(runs, SCRIPT, 4, 8, "--schedule", name, "--recompute", size=MEMORY).summary
+    num_chunks = chunks(name)
+    blocks = [last - first for first, last in partition(layers, 4 * num_chunks)]
+    theory = held_count(schedules.table(name, 4, 8, num_chunks), schedules.SCHEDULES[name][1], blocks, rows, hidden,
+                        recompute=True)
+    assert [held / (rows * hidden * 8) for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
+
+
+def test_svg_draws_every_computation(runs, tmp_path):
+    """--svg: DualPipeV on 2 ranks, m = 4: a box per forward, B and W of the last step (a full backward is its B and
+    its W), two chunks on each rank, and the theory in its title."""
+    path = tmp_path / "dualpipev.svg"
+    run = pipelined(runs, SCRIPT, 2, 4, "--schedule", "dualpipev", "--svg", str(path))
+    picture = path.read_text()
+    for colour, kind in (("#4e79a7", "forward"), ("#59a14f", "backward"), ("#f28e2b", "weight")):
+        assert picture.count(f'fill="{colour}"') == 2 * 2 * 4, kind  # 2 ranks, 2 chunks, 4 micro-batches
+    assert f"theory {run.summary['bubble_theory']:.3f}" in picture
