@@ -1,12 +1,17 @@
 """The theory every run is compared against, in one place: the scripts' summaries, the harness, the tests
-and tools/measure.py import it. Plain Python: it imports nothing of the lesson.
+and the tools import it. Plain Python: it imports nothing of the lesson but schedules.py's tables.
 
+stage         where a rank's chunk sits, on the loop or the V
 replay        when each computation starts, and when its result is out, if each takes its cost; common.timetable
               follows it, and the harness replays a run's own order with it
-bubbles       each rank's idle share of its pipeline's span, from a replay
+bubbles       each rank's idle share of its pipeline's span, from a replay (busiest_bubble: the busiest rank's)
+peak_inflight the (chunk, micro_batch) pairs a rank keeps alive at its peak, counted over its table
+simulate      a table at a stage's costs (stage_costs, parse_costs): step, bubble, peaks, messages (tools/plan.py)
+best_search   schedules.search on the faster placement, as plan.py and 09's --schedule search find it
 *_bubble      the closed forms, every computation one unit: naive, GPipe and 1F1B, ZB-H1, ZB-V
-*_inflight    the (micro-batch, chunk) pairs a rank keeps alive at its peak
-held_theory   each rank's peak held bytes, in micro-batch activations (docs/design.md, *Memory*)
+*_inflight    the closed forms of the in-flight peaks
+held_theory   each rank's peak held bytes, in micro-batch activations (docs/design.md, *Memory*);
+held_count    the same counted over any table (06, 09)
 """
 
 from typing import NamedTuple
