@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
-from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, _ComputationType
+
+from theory import stage
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 # 7 layers: not divisible by 2, 3 or 4 ranks. 10 samples: 3, 4 and 7 micro-batches do not divide it.
@@ -315,12 +316,23 @@ common.send_forward, common.recv_backward = send_forward, recv_backward
 """
 
 
-def pytorch_order(n, m, rank):
-    """Rank's computations as PyTorch's ScheduleZBVZeroBubble orders them, (kind, chunk, micro-batch)."""
-    kinds = {_ComputationType.FORWARD: "forward", _ComputationType.BACKWARD_INPUT: "backward",
-             _ComputationType.BACKWARD_WEIGHT: "weight"}
-    schedule = SimpleNamespace(pp_group_size=n, _n_microbatches=m, num_stages=2 * n)
-    actions = ScheduleZBVZeroBubble._calculate_single_rank_operations(schedule, rank)
-    return [(kinds[a.computation_type], int(a.stage_index != rank), a.microbatch_index) for a in actions if a]
+KINDS = {"F": "forward", "I": "backward", "W": "weight", "B": "full_backward"}  # PyTorch's computation types, ours
 
 
+def torch_order(schedule_class, num_ranks, num_microbatches, num_chunks, placement):
+    """Every rank's compute actions, as PyTorch's multi-stage schedule_class orders them, in our tuples. An
+    overlapped F&B (OVERLAP_F_B) is its sub-actions, run one after the other unless a function is registered."""
+    stages = [SimpleNamespace(num_stages=num_ranks * num_chunks, group_size=num_ranks, group_rank=0, submod=None,
+                              stage_index=stage(placement, num_ranks, 0, chunk)) for chunk in range(num_chunks)]
+    schedule = schedule_class(stages, num_microbatches)
+    orders = []
+    for rank in range(num_ranks):
+        actions = [(sub, action.sub_actions is not None) for action in schedule.pipeline_order[rank]
+                   if action is not None for sub in (action.sub_actions or [action])]
+        # both placements: stage // n is the chunk (the V's second arm holds stages n to 2n - 1); an OVERLAP_F_B's
+        # full backward is our "overlapped_backward"
+        orders.append([("overlapped_backward" if overlapped and action.computation_type.value == "B"
+                        else KINDS[action.computation_type.value], action.stage_index // num_ranks,
+                        action.microbatch_index)
+                       for action, overlapped in actions if action.computation_type.value in KINDS])
+    return orders

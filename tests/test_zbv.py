@@ -4,6 +4,7 @@ and held-bytes theory, the bubble under pacing against 05's, and bad input in on
 import sys
 
 import pytest
+from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
 
 from tests.launch import (
     MEMORY,
@@ -12,9 +13,9 @@ from tests.launch import (
     assert_one_sentence,
     case_ids,
     pipelined,
-    pytorch_order,
     run_quietly,
     size,
+    torch_order,
     torchrun,
 )
 from theory import held_theory, zbv_bubble, zbv_inflight
@@ -61,7 +62,7 @@ def test_schedule_is_pytorchs_zbv(runs, world, micro_batches, layers, flags):
         for step in range(3):
             mine = sorted((e for e in spans if e["pid"] == rank and e["args"]["step"] == step), key=lambda e: e["ts"])
             order = [(e["cat"], e["args"]["chunk"], e["args"]["micro_batch"]) for e in mine]
-            assert order == pytorch_order(n, micro_batches, rank), (rank, step)
+            assert order == torch_order(ScheduleZBVZeroBubble, n, micro_batches, 2, "v")[rank], (rank, step)
     theory = [zbv_inflight(n, micro_batches, rank) for rank in range(n)]
     assert run.summary["peak_inflight_microbatches"] == theory
     assert run.summary["expected_inflight_microbatches"] == theory
