@@ -29,7 +29,7 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step, track
-from theory import best_search, busiest_bubble, parse_costs, peak_inflight
+from theory import busiest_bubble, parse_costs, peak_inflight
 
 args = parse_args(__doc__, micro_batches=True, schedule=True)
 rank, num_ranks, device = setup(args, placement=args.placement)  # "loop" or "v", as the schedule places its chunks
@@ -144,11 +144,12 @@ def train_step(inputs, labels):
 
 
 def get_tables():
-    """Every rank's computations in order: the schedule's table, or one searched for --costs and --memory."""
+    """Every rank's computations in order: the schedule's table, or the search's for --costs and --memory on the
+    placement the flags' check found fastest, as tools/plan.py finds it."""
     if args.schedule != "search":
         return schedules.table(args.schedule, num_ranks, args.micro_batches, num_chunks)
     cost, message = parse_costs(args.costs)
-    return best_search(num_ranks, args.micro_batches, cost, args.memory, message)[1]  # as tools/plan.py finds it
+    return schedules.search(num_ranks, args.micro_batches, args.placement, cost, args.memory, message, num_chunks)
 
 
 tables = get_tables()

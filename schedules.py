@@ -29,6 +29,8 @@ Schedule1F1B m >= n, ScheduleDualPipeV m >= 2n, its interleaved schedules m a mu
 import heapq
 import inspect
 
+import theory
+
 
 def _check(num_ranks, num_microbatches, num_chunks=1):
     """One sentence for a count no schedule can take."""
@@ -38,12 +40,13 @@ def _check(num_ranks, num_microbatches, num_chunks=1):
 
 
 def _split(order, weight_delay):
-    """order with each full backward split: B in its place, and its W after the weight_delay-th backward that
-    follows (those left over at the end), in the slots where the pipeline would otherwise wait."""
+    """order with each full (or overlapped) backward split: B in its place, and its W after the weight_delay-th
+    backward that follows (those left over at the end), in the slots where the pipeline would otherwise wait."""
     split, waiting = [], []  # W's still to run, oldest first
     for kind, chunk, micro_batch in order:
-        split.append(("backward" if kind == "full_backward" else kind, chunk, micro_batch))
-        if kind == "full_backward":
+        full = kind in ("full_backward", "overlapped_backward")
+        split.append(("backward" if full else kind, chunk, micro_batch))
+        if full:
             waiting.append(("weight", chunk, micro_batch))
             if len(waiting) > weight_delay:
                 split.append(waiting.pop(0))
@@ -149,8 +152,11 @@ def zbv(num_ranks, num_microbatches):
         # Warm-up: chunk 0's forwards until micro-batch 0 is back up at chunk 1, then both in turn, then chunk 1's.
         order = [F0] * (2 * (num_ranks - rank) - 1) + [F1, F0] * rank + [F1, B1, W1] * (num_ranks - rank)
         # Steady state: F, B and W on chunk 0, then on chunk 1, until chunk 1 has caught up.
-        while order.count(F1) < order.count(F0) or order.count(F0) < num_microbatches_needed:
-            order += [F0] * (order.count(F0) < num_microbatches_needed) + [B0, W0, F1, B1, W1]
+        forwards0, forwards1 = order.count(F0), order.count(F1)
+        while forwards1 < forwards0 or forwards0 < num_microbatches_needed:
+            another = forwards0 < num_microbatches_needed  # chunk 0 has micro-batches left
+            order += [F0] * another + [B0, W0, F1, B1, W1]
+            forwards0, forwards1 = forwards0 + another, forwards1 + 1
         # Cool-down: the backwards left, W's deferred into the slots where the pipeline drains.
         order += [B0, B1] * rank + [B0, W0] * (num_ranks - rank)
         order += [W1] * (order.count(B1) - order.count(W1)) + [W0] * (order.count(B0) - order.count(W0))
@@ -238,12 +244,6 @@ def table(name, num_ranks, num_microbatches, num_chunks=2):
     return _function(name)(num_ranks, num_microbatches, *chunks)
 
 
-def _ranks(num_ranks, num_chunks):
-    """Each stage's rank in search's placements: stage s on rank s ("loop"), or on rank min(s, 2n - 1 - s) ("v")."""
-    num_stages = num_ranks * num_chunks
-    return [stage if num_chunks == 1 else min(stage, num_stages - 1 - stage) for stage in range(num_stages)]
-
-
 def _made_ready(kind, stage, micro_batch, num_stages):
     """The computations a finished one gives an input to: a forward, the next stage's forward (the last stage's: its
     own backward); a backward, its W and the previous stage's backward."""
@@ -254,15 +254,17 @@ def _made_ready(kind, stage, micro_batch, num_stages):
     return []
 
 
-def _greedy(num_ranks, num_chunks, num_microbatches, cost, limit):
+def _greedy(rank_of, num_microbatches, cost, limit):
     """The search's first order, found as if messages were free (it orders better so; the passes time it with them).
     A free rank runs the ready computation it prefers: a B that a neighbour waits for (any but stage 0's) before an
     F, except right after a B, when an F comes first (1F1B), a W before it if memory is full; then stage 0's B; then
-    a W. Of the V's, second-arm F's and first-arm B's first: their micro-batches are older. A first-arm F never
-    takes a rank's last slot while every pair it holds waits for its second-arm F there: none could run.
-    Returns (span, starts, orders), a computation as (kind, stage, micro_batch)."""
-    rank_of, num_stages = _ranks(num_ranks, num_chunks), num_ranks * num_chunks
-    first_arm = [num_chunks == 2 and stage < num_ranks for stage in range(num_stages)]
+    a W. Of a rank's stages, F's of the higher and B's of the lower first: their micro-batches are older. An F that
+    leaves its micro-batch owing the rank another F (the V's first arm, the loop's chunks but the last) never takes
+    a rank's last slot while every pair it holds owes one: none could run. rank_of[stage]: the stage's rank.
+    Returns (span, starts, orders), a computation as (kind, stage, micro_batch), or None if it deadlocks."""
+    num_ranks, num_stages = 1 + max(rank_of), len(rank_of)
+    owes = [rank_of[stage] in rank_of[stage + 1:] for stage in range(num_stages)]  # another F on the rank to come
+    earlier = [rank_of[:stage].count(rank_of[stage]) for stage in range(num_stages)]  # the rank's stages below it
     ready = [{} for _ in range(num_ranks)]  # per rank, (kind, stage): heap of (when its input is in, micro_batch)
     ready[0]["forward", 0] = [(0.0, micro_batch) for micro_batch in range(num_microbatches)]
     events, clock, held, owed = [(0.0, 0)], [0.0] * num_ranks, [0] * num_ranks, [0] * num_ranks
@@ -272,8 +274,8 @@ def _greedy(num_ranks, num_chunks, num_microbatches, cost, limit):
         if clock[rank] > now:
             continue
         arrived = {key: heap[0] for key, heap in ready[rank].items() if heap and heap[0][0] <= now}
-        last_slot_for_all = held[rank] + 1 == limit and owed[rank] == held[rank]  # all held wait for a 2nd-arm F
-        fits = {stage: held[rank] < limit and not (first_arm[stage] and last_slot_for_all)
+        last_slot_for_all = held[rank] + 1 == limit and owed[rank] == held[rank]  # all held owe an F here
+        fits = {stage: held[rank] < limit and not (owes[stage] and last_slot_for_all)
                 for kind, stage in arrived if kind == "forward"}
         room = after_backward[rank] and not all(fits.values())  # a W to make room for the F that 1F1B wants
         choices = []
@@ -295,23 +297,25 @@ def _greedy(num_ranks, num_chunks, num_microbatches, cost, limit):
         orders[rank].append((kind, stage, micro_batch))
         heapq.heappush(events, (clock[rank], rank))
         held[rank] += (kind == "forward") - (kind == "weight")
-        if kind == "forward" and num_chunks == 2:
-            owed[rank] += 1 if first_arm[stage] else -1
+        if kind == "forward":  # it owes, or the pairs of its micro-batch below it owe no more
+            owed[rank] += 1 if owes[stage] else -earlier[stage]
         if kind != "weight":  # a W keeps the 1F1B turn
             after_backward[rank] = kind == "backward"
         for next_kind, next_stage, _ in _made_ready(kind, stage, micro_batch, num_stages):
             next_rank = rank_of[next_stage]
             heapq.heappush(ready[next_rank].setdefault((next_kind, next_stage), []), (clock[rank], micro_batch))
             heapq.heappush(events, (clock[rank], next_rank))
+    if len(starts) < 3 * num_microbatches * num_stages:
+        return None
     return max(clock), starts, orders
 
 
-def _reschedule(num_ranks, num_chunks, starts, cost, message, limit, reverse):
+def _reschedule(rank_of, starts, cost, message, limit, reverse):
     """One pass: a free rank runs the ready computation that began first in the last schedule, but waits for one that
     began sooner if it comes in before this would end, and takes memory (F's) in the last schedule's order. Reverse:
     the same on the graph reversed, time running back, the last to end first (a W takes memory, its F gives it back).
     Returns (span, starts, orders) forwards, or None if it deadlocks."""
-    rank_of, num_stages = _ranks(num_ranks, num_chunks), num_ranks * num_chunks
+    num_ranks, num_stages = 1 + max(rank_of), len(rank_of)
     key = {node: -start - cost[node[0]] if reverse else start for node, start in starts.items()}
     after, inputs = {node: [] for node in key}, dict.fromkeys(key, 0)  # inputs: how many are still to come
     for node in key:
@@ -383,29 +387,121 @@ def _reschedule(num_ranks, num_chunks, starts, cost, message, limit, reverse):
     return span, forward_times, [order[::-1] for order in orders]
 
 
-def search(num_ranks, num_microbatches, placement, costs, memory, message=0.0):
-    """A table found, not written, in the spirit of the zero-bubble paper: each rank's forward, backward and weight
-    computations (every backward split) for num_ranks ranks placed "loop" (one chunk each) or "v" (two), at a
-    stage's costs {"forward": F, "backward": B, "weight": W} (a chunk of the V: half) and a tensor's `message` time
-    between ranks. memory: the most activations a rank may hold, in micro-batches of a stage (a chunk of the V holds
-    half of one), as tools/plan.py counts them. A greedy (_greedy) gives the first order; a pass backwards and one
-    forwards (_reschedule) may shorten it; the shortest is kept. Below memory 1 no schedule runs: a rank holds a
-    micro-batch from its F to its W (on the V, the turn rank both of its chunks)."""
-    _check(num_ranks, num_microbatches)
+def _tables(orders, num_ranks):
+    """Orders of (kind, stage, micro_batch) as tables of (kind, chunk, micro_batch): stage c n + r is chunk c on
+    the loop, and on the V stage 2n - 1 - r is rank r's chunk 1."""
+    return [[(kind, stage // num_ranks, micro_batch) for kind, stage, micro_batch in order] for order in orders]
+
+
+def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, costs, limit, message):
+    """The fastest table above of the placement and chunks that holds at most `limit` (chunk, micro_batch) pairs on
+    any rank, each backward split (a gradient leaves sooner, nothing else changes), replayed: (simulation, tables),
+    or None if none fits."""
+    fastest, seen = None, []
+    for name, (_, where) in SCHEDULES.items():
+        if where != placement or (not takes_virtual_stages(name) and num_chunks != 1 + (where == "v")):
+            continue
+        try:
+            tables = table(name, num_ranks, num_microbatches, num_chunks)
+        except ValueError:  # DualPipeV on one rank
+            continue
+        if tables in seen or max(theory.peak_inflight(tables)) > limit:  # looped BFS at one chunk is GPipe
+            continue
+        seen.append(tables)
+        tables = [_split(order, 0) for order in tables]
+        simulation = theory.simulate(tables, placement, num_chunks, costs, message)
+        if fastest is None or simulation.step < fastest[0].step:
+            fastest = simulation, tables
+    return fastest
+
+
+def _search(num_ranks, num_microbatches, placement, num_chunks, costs, limit, message):
+    """search's table on one placement, and a bound on its step (its replay is no longer): (step, tables), or None
+    if no order was found. It stops as soon as an order reaches theory.least_step, since none is faster."""
+    rank_of = [0] * num_ranks * num_chunks
+    for rank in range(num_ranks):
+        for chunk in range(num_chunks):
+            rank_of[theory.stage(placement, num_ranks, rank, chunk)] = rank
+    cost = {kind: costs[kind] / num_chunks for kind in ("forward", "backward", "weight")}
+    bound = theory.least_step(placement, num_ranks, num_chunks, num_microbatches, costs, message, limit)
+    found = []  # (step, tables)
+    greedy = _greedy(rank_of, num_microbatches, cost, limit)
+    if greedy:
+        span, starts, orders = greedy
+        tables = _tables(orders, num_ranks)
+        step = theory.simulate(tables, placement, num_chunks, costs, message).step if message else span
+        found.append((step, tables))  # its span counts no messages
+        if step > bound:
+            found += _passes(rank_of, starts, cost, message, limit)
+    fastest = None
+    if not found or min(step for step, _ in found) > bound:
+        fastest = _fastest_table(num_ranks, num_microbatches, placement, num_chunks, costs, limit, message)
+    if fastest and (not found or fastest[0].step < min(step for step, _ in found)):  # a table is faster: go on
+        simulation, tables = fastest
+        spans = simulation.spans.items()
+        starts = {(kind, stage, micro_batch): start for (stage, kind, micro_batch), (start, _) in spans}
+        found.append((simulation.step, tables))
+        found += _passes(rank_of, starts, cost, message, limit)
+    return min(found, key=lambda pair: pair[0], default=None)
+
+
+def _passes(rank_of, starts, cost, message, limit):
+    """A pass backwards from these starts, then one forwards from its result (_reschedule): [(span, tables)]."""
+    found = []
+    for reverse in (True, False):
+        result = _reschedule(rank_of, starts, cost, message, limit, reverse)
+        if result is None:
+            break
+        span, starts, orders = result
+        found.append((span, _tables(orders, len(set(rank_of)))))
+    return found
+
+
+def _limit(num_ranks, num_microbatches, placement, num_chunks, memory):
+    """The (chunk, micro_batch) pairs a rank may hold within `memory` micro-batches of a stage, or one sentence."""
+    _check(num_ranks, num_microbatches, num_chunks)
     if placement not in ("loop", "v"):
         raise ValueError(f"placement is {placement!r}: pass 'loop' (one chunk a rank) or 'v' (two).")
+    if placement == "v" and num_chunks != 2:
+        raise ValueError(f"num_chunks is {num_chunks}: the V holds 2 chunks a rank.")
     if not memory >= 1:
         raise ValueError(f"memory is {memory!r}: no schedule runs in less than 1 micro-batch of a stage a rank.")
-    num_chunks = 1 if placement == "loop" else 2
-    cost = {kind: costs[kind] / num_chunks for kind in ("forward", "backward", "weight")}
-    limit = int(min(memory, num_microbatches) * num_chunks + 1e-9)  # (chunk, micro_batch) pairs a rank may hold
-    first = current = _greedy(num_ranks, num_chunks, num_microbatches, cost, limit)
-    best = None if message else first  # its span counts no messages
-    for reverse in (True, False):
-        current = _reschedule(num_ranks, num_chunks, current[1], cost, message, limit, reverse)
-        if current is None:
-            break
-        if best is None or current[0] < best[0]:
-            best = current
-    orders = (best or first)[2]
-    return [[(kind, stage // num_ranks, micro_batch) for kind, stage, micro_batch in order] for order in orders]
+    return int(min(memory, num_microbatches) * num_chunks + 1e-9)
+
+
+def search(num_ranks, num_microbatches, placement, costs, memory, message=0.0, num_chunks=None):
+    """A table found, not written, in the spirit of the zero-bubble paper: each rank's forward, backward and weight
+    computations (every backward split) for num_ranks ranks placed "loop" (num_chunks a rank, 1 unless given) or
+    "v" (two), at a stage's costs {"forward": F, "backward": B, "weight": W} (a chunk's: a 1/num_chunks share) and a
+    tensor's `message` time between ranks. memory: the most activations a rank may hold, in micro-batches of a stage
+    (a chunk's: a 1/num_chunks share), as tools/plan.py counts them. It starts from a greedy's order (_greedy) and,
+    unless that is as fast as any order can be (theory.least_step), from the fastest table above of the placement
+    that fits the memory; from each a pass backwards, then one forwards (_reschedule), may shorten it. The fastest
+    order met is kept: never slower than a table that fits. Below memory 1 no schedule runs: a rank holds a
+    micro-batch from its F to its W (on the V, the turn rank both of its chunks)."""
+    num_chunks = num_chunks or (2 if placement == "v" else 1)
+    limit = _limit(num_ranks, num_microbatches, placement, num_chunks, memory)
+    found = _search(num_ranks, num_microbatches, placement, num_chunks, costs, limit, message)
+    if found is None:
+        raise ValueError(f"no order of {num_chunks} chunks a rank was found within memory {memory}: allow more.")
+    return found[1]
+
+
+def best_search(num_ranks, num_microbatches, costs, memory, message=0.0, num_chunks=1, most_chunks=None):
+    """search on each placement: the loop at one chunk a rank, the loop at num_chunks if more, the V, each if it
+    holds at most most_chunks a rank (a model of L layers holds L // n). The fastest, the first of those on a tie,
+    as tools/plan.py and 09's --schedule search find it: (placement, chunks, tables). A placement whose
+    theory.least_step is no shorter than a table already found is not searched: it could only tie."""
+    best = None  # (step, placement, chunks, tables)
+    for placement, chunks in [("loop", 1)] + [("loop", num_chunks)] * (num_chunks > 1) + [("v", 2)]:
+        if most_chunks is not None and chunks > most_chunks:
+            continue
+        limit = _limit(num_ranks, num_microbatches, placement, chunks, memory)
+        if best and theory.least_step(placement, num_ranks, chunks, num_microbatches, costs, message, limit) >= best[0]:
+            continue
+        found = _search(num_ranks, num_microbatches, placement, chunks, costs, limit, message)
+        if found and (best is None or found[0] < best[0]):
+            best = found[0], placement, chunks, found[1]
+    if best is None:
+        raise ValueError(f"no order was found within memory {memory}: allow more.")
+    return best[1:]

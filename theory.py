@@ -1,5 +1,5 @@
 """The theory every run is compared against, in one place: the scripts' summaries, the harness, the tests
-and the tools import it. Plain Python: it imports nothing of the lesson but schedules.py's tables.
+and the tools import it. Plain Python: it imports nothing of the lesson.
 
 stage         where a rank's chunk sits, on the loop or the V
 replay        when each computation starts, and when its result is out, if each takes its cost; common.timetable
@@ -7,7 +7,7 @@ replay        when each computation starts, and when its result is out, if each 
 bubbles       each rank's idle share of its pipeline's span, from a replay (busiest_bubble: the busiest rank's)
 peak_inflight the (chunk, micro_batch) pairs a rank keeps alive at its peak, counted over its table
 simulate      a table at a stage's costs (stage_costs, parse_costs): step, bubble, peaks, messages (tools/plan.py)
-best_search   schedules.search on the faster placement, as plan.py and 09's --schedule search find it
+least_step    a step no order can beat, for schedules.search
 *_bubble      the closed forms, every computation one unit: naive, GPipe and 1F1B, ZB-H1, ZB-V
 *_inflight    the closed forms of the in-flight peaks
 held_theory   each rank's peak held bytes, in micro-batch activations (docs/design.md, *Memory*);
@@ -15,8 +15,6 @@ held_count    the same counted over any table (06, 09)
 """
 
 from typing import NamedTuple
-
-import schedules
 
 UNIT = {"forward": 1.0, "backward": 1.0, "weight": 1.0, "full_backward": 2.0, "overlapped_backward": 2.0}  # B + W
 SPANS = dict.fromkeys(UNIT, 1.0)  # every span one unit, as 01-06 pace them: their full backward is one span
@@ -162,6 +160,35 @@ def simulate(tables, placement, num_chunks, cost=UNIT, message=0.0):
                       messages(tables, stage_of, num_ranks * num_chunks), spans)
 
 
+def least_step(placement, num_ranks, num_chunks, num_microbatches, cost, message, limit):
+    """A lower bound on the step of any order of a stage's computations (F, B and W apart, at cost[kind]; a chunk
+    costs 1/num_chunks of a stage) that keeps at most `limit` (chunk, micro_batch) pairs alive on a rank, a tensor
+    between ranks taking `message`. Every rank computes m (F + B + W), and idles at least as long as
+    - the data takes to reach its first stage: the forwards below it, and a message wherever the rank changes;
+    - micro-batch 0 takes up every stage and back down to the rank's highest one, where its first backward can
+      begin (a backward below needs that one), less the forwards it can run meanwhile: `limit` at most, since
+      without a backward it frees none."""
+    num_stages = num_ranks * num_chunks
+    rank_of = {stage(placement, num_ranks, rank, chunk): rank for rank in range(num_ranks)
+               for chunk in range(num_chunks)}
+    forward, backward = cost["forward"] / num_chunks, cost["backward"] / num_chunks
+
+    def trip(stages, each):
+        """From the first of these stages beginning to the last beginning: each stage's cost, a message between
+        ranks."""
+        return sum(each + message * (rank_of[one] != rank_of[after]) for one, after in zip(stages, stages[1:]))
+
+    up = trip(range(num_stages), forward) + forward  # micro-batch 0's forwards, the last stage's backward may begin
+    idle = []
+    for rank in range(num_ranks):
+        stages = [where for where, its_rank in rank_of.items() if its_rank == rank]
+        first_forward = trip(range(min(stages) + 1), forward)
+        first_backward = up + trip(range(num_stages - 1, max(stages) - 1, -1), backward)
+        forwards_meanwhile = min(limit, num_microbatches * num_chunks) * forward
+        idle.append(max(first_forward, first_backward - forwards_meanwhile))
+    return max(idle) + num_microbatches * (cost["forward"] + cost["backward"] + cost["weight"])
+
+
 def parse_costs(text):
     """A stage's costs (stage_costs) and a message's time from "F,B,W" or "F,B,W,MSG" (MSG 0 unless given);
     ValueError with one sentence for anything else."""
@@ -173,14 +200,6 @@ def parse_costs(text):
             not all(0 <= value < float("inf") for value in values[3:]):
         raise ValueError(f"--costs takes F,B,W or F,B,W,MSG, positive numbers (MSG may be 0), not {text!r}.")
     return stage_costs(*values[:3]), (values[3] if len(values) == 4 else 0.0)
-
-
-def best_search(num_ranks, num_microbatches, cost, memory, message=0.0):
-    """schedules.search on the placement whose table is faster at these costs (the loop's on a tie), as
-    tools/plan.py and 09's --schedule search find it: (placement, tables)."""
-    found = [(placement, schedules.search(num_ranks, num_microbatches, placement, cost, memory, message))
-             for placement in ("loop", "v")]
-    return min(found, key=lambda pair: simulate(pair[1], pair[0], 1 + (pair[0] == "v"), cost, message).step)
 
 
 def naive_bubble(n):
@@ -230,8 +249,8 @@ def zbv_inflight(n, m, rank):
 
 def held_theory(script, n, m, blocks, rows, hidden, recompute=False):
     """Each rank's peak held bytes (docs/design.md, *Memory* and *Recomputation*), in units of one micro-batch's
-    rows x hidden activation, for 02, 03 and 05 with m > n and `blocks` = L >= 2 blocks a stage, and for 06
-    (blocks a chunk) counted over the V's order. A micro-batch in flight holds from F to B its input and its
+    rows x hidden activation, for 02, 03 and 05 with m > n and `blocks` = L >= 2 blocks a stage (06's and 09's:
+    held_count, over their tables). A micro-batch in flight holds from F to B its input and its
     blocks' ReLU outputs, L + 1 units, or with --recompute its input alone (rank 0's input is a slice of the
     batch, counted only while autograd or W keeps it), and during its B the recomputed L; from B to W (05) each
     Linear's input and output gradient, 2L. Those in transit are the tensors the loop's variables keep (a
@@ -239,8 +258,6 @@ def held_theory(script, n, m, blocks, rows, hidden, recompute=False):
     activations sent, let go of once the first gradient is back. The last stage adds its loss's saved tensors,
     `extra` (rows x 10 log-probabilities, the rows' labels, a total weight), and W the head's gradient, `head`."""
     extra, head = (11 * rows + 1) / (rows * hidden), 10 / hidden
-    if script == "06_zbv.py":
-        return held_count(schedules.zbv(n, m), "v", [blocks] * 2 * n, rows, hidden, recompute)
     L, peaks = blocks, []
     for rank in range(n):
         first, last, in_flight = rank == 0, rank == n - 1, min(n - rank, m)

@@ -71,7 +71,7 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
         looping = [name for name in schedules.SCHEDULES if schedules.takes_virtual_stages(name)]
         parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",
                             help=f"model chunks per rank, for the schedules that take them ({', '.join(looping)}; "
-                                 "default 2)")
+                                 "default 2); for --schedule search, the loop's it may try besides one (default 1)")
         parser.add_argument("--costs", metavar="F,B,W[,MSG]",
                             help="--schedule search: a stage's F, B and W times and a message's, as tools/plan.py "
                                  "takes them (default 1,1,1)")
@@ -120,16 +120,22 @@ def _check_schedule(args):
         if value is not None and args.schedule != "search":
             fail(f"{flag} is for --schedule search, which finds a table for them: leave it out of {args.schedule}.")
     if args.schedule == "search":
-        if args.virtual_stages is not None:
-            fail("--schedule search places its own chunks (one a rank, or two as a V), so leave --virtual-stages out.")
+        looped = 1 if args.virtual_stages is None else args.virtual_stages  # chunks a rank the loop may take too
+        if looped < 1:
+            fail(f"--virtual-stages {looped}: --schedule search may try the loop at that many chunks a rank as well "
+                 "as at one; pass 1 or more.")
         args.costs = args.costs or "1,1,1"
         args.memory = num_ranks if args.memory is None else args.memory  # 1F1B's
+        if num_ranks * looped > args.layers:  # too few layers for the chunks asked for: _check says what to do
+            args.placement, args.virtual_stages = "loop", looped
+            return
         try:
             cost, message = theory.parse_costs(args.costs)
-            args.placement, _ = theory.best_search(num_ranks, max(1, args.micro_batches), cost, args.memory, message)
+            found = schedules.best_search(num_ranks, max(1, args.micro_batches), cost, args.memory, message, looped,
+                                          most_chunks=args.layers // num_ranks)
         except ValueError as error:
             fail(f"--schedule search on {num_ranks} rank{'s' * (num_ranks > 1)}: {error}")
-        args.virtual_stages = 2 if args.placement == "v" else 1
+        args.placement, args.virtual_stages, _ = found  # 09 searches its placement again: the same table
         return
     args.placement = schedules.SCHEDULES[args.schedule][1]
     if schedules.takes_virtual_stages(args.schedule):

@@ -24,7 +24,7 @@ from tests.launch import (
     size,
     torchrun,
 )
-from theory import best_search, busiest_bubble, held_count, parse_costs, peak_inflight, stage
+from theory import busiest_bubble, held_count, parse_costs, peak_inflight, stage
 
 SCRIPT = "09_any_schedule.py"
 NAMES = list(schedules.SCHEDULES)
@@ -145,7 +145,16 @@ def test_plan_is_what_runs(runs):
 # costs that favour either placement, under --sync-sends at every other one.
 SEARCHES = [(2, 3, 7, ()), (3, 6, 7, ("--memory", "6", *SYNC)), (4, 8, 9, ("--costs", "1,2,1", "--memory", "8")),
             (4, 7, 9, ("--costs", "1,3,1", *SYNC)), (3, 4, 7, ("--costs", "2,2,1,0.5", "--memory", "2")),
+            (3, 6, 7, ("--virtual-stages", "2", *SYNC)), (2, 5, 7, ("--virtual-stages", "3", "--costs", "1,2,1")),
             (0, 3, 7, ())]
+
+
+def searched(summary, flags):
+    """schedules.best_search for a run's --costs, --memory and --virtual-stages: (placement, chunks, tables)."""
+    cost, message = parse_costs(summary["costs"])
+    looped = int(flags[flags.index("--virtual-stages") + 1]) if "--virtual-stages" in flags else 1
+    return schedules.best_search(summary["world_size"], summary["num_microbatches"], cost, summary["memory"],
+                                 message, looped, summary["layers"] // summary["world_size"])
 
 
 @pytest.mark.parametrize("world,micro_batches,layers,flags", SEARCHES, ids=case_ids(SEARCHES, "n", "m", "L"))
@@ -154,10 +163,10 @@ def test_search_matches_baseline(runs, world, micro_batches, layers, flags):
     run = any_schedule(runs, "search", world, micro_batches, layers, *flags)
     assert_matches(run, runs("00_baseline.py", 0, *size(layers)))
     summary = run.summary
-    cost, message = parse_costs(summary["costs"])
-    placement, tables = best_search(max(world, 1), micro_batches, cost, summary["memory"], message)
-    assert (summary["placement"], summary["peak_inflight_microbatches"]) == (placement, peak_inflight(tables))
-    assert max(peak_inflight(tables)) <= summary["memory"] * (1 + (placement == "v")), "within --memory"
+    placement, chunks, tables = searched(summary, flags)
+    found = summary["placement"], summary["virtual_stages"], summary["peak_inflight_microbatches"]
+    assert found == (placement, chunks, peak_inflight(tables))
+    assert max(peak_inflight(tables)) <= summary["memory"] * chunks, "within --memory"
 
 
 @pytest.mark.parametrize("flags", [(), ("--costs", "1,2,1", "--memory", "8")])
@@ -165,9 +174,8 @@ def test_search_holds_its_count(runs, flags):
     """The search's held bytes are the count over its table, exactly, as every table's."""
     world, m, rows, hidden, layers = 4, 8, 2, 24, 16
     summary = pipelined(runs, SCRIPT, world, m, "--schedule", "search", *flags, size=MEMORY).summary
-    cost, message = parse_costs(summary["costs"])
-    placement, tables = best_search(world, m, cost, summary["memory"], message)
-    blocks = [last - first for first, last in partition(layers, world * (1 + (placement == "v")))]
+    placement, chunks, tables = searched(summary, flags)
+    blocks = [last - first for first, last in partition(layers, world * chunks)]
     theory = held_count(tables, placement, blocks, rows, hidden)
     assert [held / (rows * hidden * 8) for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
 
@@ -181,6 +189,8 @@ def test_search_holds_its_count(runs, flags):
     (2, ("--schedule", "zbv", "--memory", "4"), ("--memory is for --schedule search", "leave it out")),
     (2, ("--schedule", "search", "--memory", "0.5"), ("--schedule search on 2 ranks", "memory")),
     (2, ("--schedule", "search", "--costs", "1,two,1"), ("--costs takes F,B,W",)),
+    (2, ("--schedule", "search", "--virtual-stages", "0"), ("--virtual-stages 0", "pass 1 or more")),
+    (2, ("--schedule", "search", "--virtual-stages", "4", "--layers", "7"), ("x 4 virtual stages", "--layers 8")),
 ])
 def test_bad_input(ranks, flags, words):
     """One sentence, on every rank's behalf, and no rank left waiting."""

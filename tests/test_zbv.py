@@ -6,6 +6,7 @@ import sys
 import pytest
 from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
 
+import schedules
 from tests.launch import (
     MEMORY,
     SYNC,
@@ -18,7 +19,7 @@ from tests.launch import (
     torch_order,
     torchrun,
 )
-from theory import held_theory, zbv_bubble, zbv_inflight
+from theory import held_count, zbv_bubble, zbv_inflight
 
 SCRIPT = "06_zbv.py"
 PACE = ("--pace", "100")  # ms: 6m + n - 1 paced units, each with about a millisecond of messaging on this machine
@@ -70,11 +71,12 @@ def test_schedule_is_pytorchs_zbv(runs, world, micro_batches, layers, flags):
 
 
 def test_held_bytes_are_the_theory(runs):
-    """Every rank's peak held bytes are the V's count (theory.held_theory), exactly, and the largest is below 05's."""
+    """Every rank's peak held bytes are the V's count (theory.held_count over its table), exactly, and the largest
+    is below 05's."""
     world, m, rows, hidden, layers = 4, 8, 2, 24, 16
     summary = pipelined(runs, SCRIPT, world, m, size=MEMORY).summary
     unit = rows * hidden * 8  # one rows x hidden float64 tensor
-    theory = held_theory(SCRIPT, world, m, layers // (2 * world), rows, hidden)
+    theory = held_count(schedules.zbv(world, m), "v", [layers // (2 * world)] * 2 * world, rows, hidden)
     assert [held / unit for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
     zero_bubble = pipelined(runs, "05_zero_bubble.py", world, m, size=MEMORY).summary
     assert max(summary["peak_held_bytes"]) < max(zero_bubble["peak_held_bytes"])

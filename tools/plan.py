@@ -8,7 +8,8 @@ a stage's costs, one row each, the fastest first. Pure Python: no torch, no proc
 step: the pipeline's span, first start to last end, in cost units. bubble: the busiest rank's idle share of it, as a
 script's bubble_theory. peak: activations alive at once, in micro-batches of a stage (a chunk of a rank holding v
 chunks is 1/v of a stage), on the rank that holds most and on rank 0. messages: the tensors a rank sends to another
-rank in a step, the most of any rank. search: schedules.search, on whichever placement is faster.
+rank in a step, the most of any rank. search: schedules.search on whichever placement is faster: the loop at one
+chunk a rank or at --virtual-stages, or the V.
 """
 
 import argparse
@@ -84,10 +85,10 @@ def costs_from_trace(path):
 def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory):
     """Every schedule's row, and the search's on whichever placement is faster (searched first: it checks memory)."""
     try:
-        placement, tables = theory.best_search(num_ranks, num_microbatches, cost, memory, message)
+        found = schedules.best_search(num_ranks, num_microbatches, cost, memory, message, num_chunks)
+        placement, chunks, tables = found
     except ValueError as error:
         fail(str(error))
-    chunks = 1 + (placement == "v")
     searched = Row("search", placement, chunks, tables, theory.simulate(tables, placement, chunks, cost, message))
     rows = []
     for name, (_, placement) in schedules.SCHEDULES.items():
