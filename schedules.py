@@ -254,29 +254,46 @@ def _made_ready(kind, stage, micro_batch, num_stages):
     return []
 
 
+def _can_finish(owing, visits, limit):
+    """Whether a rank of `limit` slots can still run every forward it owes (the banker's rule): owing, for each
+    micro-batch begun there, the forwards it has left there of the `visits` it makes. One holds a slot a forward
+    done, and lets all go some time after its last (a backward needs every forward); the fewest left go first."""
+    free = limit - sum(visits - left for left in owing)
+    for left in sorted(owing):
+        if left > free:
+            return False
+        free += visits - left
+    return True
+
+
 def _greedy(rank_of, num_microbatches, cost, limit):
     """The search's first order, found as if messages were free (it orders better so; the passes time it with them).
     A free rank runs the ready computation it prefers: a B that a neighbour waits for (any but stage 0's) before an
     F, except right after a B, when an F comes first (1F1B), a W before it if memory is full; then stage 0's B; then
-    a W. Of a rank's stages, F's of the higher and B's of the lower first: their micro-batches are older. An F that
-    leaves its micro-batch owing the rank another F (the V's first arm, the loop's chunks but the last) never takes
-    a rank's last slot while every pair it holds owes one: none could run. rank_of[stage]: the stage's rank.
-    Returns (span, starts, orders), a computation as (kind, stage, micro_batch), or None if it deadlocks."""
+    a W. Of a rank's stages, F's of the higher and B's of the lower first: their micro-batches are older. An F runs
+    only if the rank can still run every F it owes afterwards (_can_finish): on the V, or the loop at two chunks,
+    one that begins a micro-batch never takes the last slot while every micro-batch held owes one. rank_of[stage]:
+    the stage's rank. Returns (span, starts, orders), a computation as (kind, stage, micro_batch), or None if it
+    deadlocks."""
     num_ranks, num_stages = 1 + max(rank_of), len(rank_of)
-    owes = [rank_of[stage] in rank_of[stage + 1:] for stage in range(num_stages)]  # another F on the rank to come
-    earlier = [rank_of[:stage].count(rank_of[stage]) for stage in range(num_stages)]  # the rank's stages below it
+    visits = [rank_of.count(rank) for rank in range(num_ranks)]  # the stages a micro-batch passes on a rank
+    owing = [{} for _ in range(num_ranks)]  # per rank, micro-batch: the forwards it has left there, if any
     ready = [{} for _ in range(num_ranks)]  # per rank, (kind, stage): heap of (when its input is in, micro_batch)
     ready[0]["forward", 0] = [(0.0, micro_batch) for micro_batch in range(num_microbatches)]
-    events, clock, held, owed = [(0.0, 0)], [0.0] * num_ranks, [0] * num_ranks, [0] * num_ranks
+    events, clock, held = [(0.0, 0)], [0.0] * num_ranks, [0] * num_ranks
     after_backward, starts, orders = [False] * num_ranks, {}, [[] for _ in range(num_ranks)]
     while events:
         now, rank = heapq.heappop(events)
         if clock[rank] > now:
             continue
         arrived = {key: heap[0] for key, heap in ready[rank].items() if heap and heap[0][0] <= now}
-        last_slot_for_all = held[rank] + 1 == limit and owed[rank] == held[rank]  # all held owe an F here
-        fits = {stage: held[rank] < limit and not (owes[stage] and last_slot_for_all)
-                for kind, stage in arrived if kind == "forward"}
+        fits = {}
+        for (kind, stage), (_, micro_batch) in arrived.items():
+            if kind == "forward":
+                owes = dict(owing[rank])
+                owes[micro_batch] = owes.get(micro_batch, visits[rank]) - 1
+                fits[stage] = held[rank] < limit and _can_finish([left for left in owes.values() if left], visits[rank],
+                                                                  limit)
         room = after_backward[rank] and not all(fits.values())  # a W to make room for the F that 1F1B wants
         choices = []
         for (kind, stage), (arrival, micro_batch) in arrived.items():
@@ -297,8 +314,10 @@ def _greedy(rank_of, num_microbatches, cost, limit):
         orders[rank].append((kind, stage, micro_batch))
         heapq.heappush(events, (clock[rank], rank))
         held[rank] += (kind == "forward") - (kind == "weight")
-        if kind == "forward":  # it owes, or the pairs of its micro-batch below it owe no more
-            owed[rank] += 1 if owes[stage] else -earlier[stage]
+        if kind == "forward":
+            owing[rank][micro_batch] = owing[rank].get(micro_batch, visits[rank]) - 1
+            if not owing[rank][micro_batch]:
+                del owing[rank][micro_batch]
         if kind != "weight":  # a W keeps the 1F1B turn
             after_backward[rank] = kind == "backward"
         for next_kind, next_stage, _ in _made_ready(kind, stage, micro_batch, num_stages):
@@ -479,7 +498,8 @@ def search(num_ranks, num_microbatches, placement, costs, memory, message=0.0, n
     that fits the memory; from each a pass backwards, then one forwards (_reschedule), may shorten it. The fastest
     order met is kept: never slower than a table that fits. Below memory 1 no schedule runs: a rank holds a
     micro-batch from its F to its W (on the V, the turn rank both of its chunks)."""
-    num_chunks = num_chunks or (2 if placement == "v" else 1)
+    if num_chunks is None:
+        num_chunks = 2 if placement == "v" else 1
     limit = _limit(num_ranks, num_microbatches, placement, num_chunks, memory)
     found = _search(num_ranks, num_microbatches, placement, num_chunks, costs, limit, message)
     if found is None:

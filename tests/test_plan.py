@@ -29,20 +29,23 @@ def rows(*flags):
     return {row["schedule"]: row for row in map(json.loads, result.stdout.splitlines())}
 
 
-def simulated(tables, placement, cost, message=0.0):
-    return theory.simulate(tables, placement, 1 if placement == "loop" else 2, cost, message)
+def simulated(tables, placement, cost, message=0.0, num_chunks=None):
+    return theory.simulate(tables, placement, num_chunks or (1 if placement == "loop" else 2), cost, message)
 
 
-def rivals(placement, num_ranks, num_microbatches, cost):
-    """Every schedules.py table of the search's placement (the loop's at one chunk a rank) that runs: name -> its
-    simulation."""
+PLACEMENTS = [("loop", 1), ("loop", 2), ("loop", 3), ("v", 2)]  # (placement, chunks a rank)
+
+
+def rivals(placement, num_chunks, num_ranks, num_microbatches, cost, message=0.0):
+    """Every schedules.py table of the placement at these chunks a rank that runs: name -> its simulation."""
     found = {}
     for name, (_, its_placement) in schedules.SCHEDULES.items():
-        if its_placement != placement:
+        if its_placement != placement or (not schedules.takes_virtual_stages(name) and num_chunks != 1 + (
+                placement == "v")):
             continue
         try:
-            tables = schedules.table(name, num_ranks, num_microbatches, 1 if placement == "loop" else 2)
-            found[name] = simulated(tables, placement, cost)
+            tables = schedules.table(name, num_ranks, num_microbatches, num_chunks)
+            found[name] = simulated(tables, placement, cost, message, num_chunks)
         except ValueError:  # a layout the rule does not take, or an order that cannot run
             continue
     return found
@@ -77,17 +80,63 @@ def test_simulate_agrees_with_the_closed_forms():
     assert zbv.peak_inflight == [theory.zbv_inflight(n, m, rank) / 2 for rank in range(n)]
 
 
-@pytest.mark.parametrize("num_ranks, num_microbatches", [(4, 8), (8, 32), (3, 5), (2, 4), (5, 17)])
-@pytest.mark.parametrize("forward, backward, weight", [(1, 1, 1), (1, 2, 1), (1, 1, 2), (2, 3, 1)])
-@pytest.mark.parametrize("placement", ["loop", "v"])
-def test_the_search_is_no_worse_than_any_table_that_fits_its_memory(num_ranks, num_microbatches, forward,
-                                                                    backward, weight, placement):
-    cost = theory.stage_costs(forward, backward, weight)
-    for name, rival in rivals(placement, num_ranks, num_microbatches, cost).items():
-        memory = max(rival.peak_inflight)
-        found = simulated(schedules.search(num_ranks, num_microbatches, placement, cost, memory), placement, cost)
-        assert max(found.peak_inflight) <= memory
-        assert found.bubble <= rival.bubble + 1e-9, f"{name} at memory {memory}"
+COSTS = [(1, 1, 1), (1, 2, 1), (1, 3, 1), (1, 2, 0.5), (2, 3, 1), (1, 1, 2)]  # F, B, W
+
+
+@pytest.mark.parametrize("num_ranks, num_microbatches", [(4, 8), (6, 24), (3, 5), (2, 4), (5, 17), (1, 3)])
+@pytest.mark.parametrize("message", [0, 0.3])
+@pytest.mark.parametrize("placement, num_chunks", PLACEMENTS)
+def test_the_search_is_no_worse_than_any_table_that_fits_its_memory(num_ranks, num_microbatches, message,
+                                                                    placement, num_chunks):
+    """At each table's own peak memory, the search's step (so its bubble) is no longer, and it stays within."""
+    for forward, backward, weight in COSTS:
+        cost = theory.stage_costs(forward, backward, weight)
+        for name, rival in rivals(placement, num_chunks, num_ranks, num_microbatches, cost, message).items():
+            memory = max(rival.peak_inflight)
+            tables = schedules.search(num_ranks, num_microbatches, placement, cost, memory, message, num_chunks)
+            found = simulated(tables, placement, cost, message, num_chunks)
+            assert max(found.peak_inflight) <= memory
+            assert found.step <= rival.step + 1e-9, f"{name} at memory {memory}, costs {forward, backward, weight}"
+
+
+@pytest.mark.parametrize("num_ranks, num_microbatches", [(4, 8), (3, 5), (2, 7), (5, 10), (1, 3)])
+@pytest.mark.parametrize("message", [0, 0.3])
+def test_no_table_nor_search_beats_the_least_step(num_ranks, num_microbatches, message):
+    """theory.least_step bounds every order from below, on every placement, at the memory the order holds."""
+    n, m = num_ranks, num_microbatches
+    for forward, backward, weight in COSTS:
+        cost = theory.stage_costs(forward, backward, weight)
+        for placement, chunks in PLACEMENTS:
+            found = list(rivals(placement, chunks, n, m, cost, message).values())
+            tables = schedules.search(n, m, placement, cost, n, message, chunks)
+            found.append(simulated(tables, placement, cost, message, chunks))
+            for simulation in found:
+                limit = round(max(simulation.peak_inflight) * chunks)  # (chunk, micro_batch) pairs
+                least = theory.least_step(placement, n, chunks, m, cost, message, limit)
+                assert simulation.step >= least - 1e-9, (placement, chunks, forward, backward, weight)
+
+
+def test_zb_h1_reaches_the_least_step_at_equal_costs():
+    """F = B = W, m >= n: ZB-H1's step is the least any order on the loop can take, at any memory: 3m + n - 1."""
+    for n in range(1, 7):
+        for m in range(n, 3 * n + 2):
+            step = simulated(schedules.zb_h1(n, m), "loop", theory.UNIT).step
+            for memory in (n, 2 * n, m):
+                assert step == theory.least_step("loop", n, 1, m, theory.UNIT, 0.0, memory) == 3 * m + n - 1
+
+
+@pytest.mark.parametrize("flags", [
+    ("--stages", "8", "--micro-batches", "32", "--costs", "1,2,1", "--virtual-stages", "4"),
+    ("--stages", "4", "--micro-batches", "8", "--costs", "1,2,1,0.3", "--virtual-stages", "3", "--memory", "5"),
+    ("--stages", "3", "--micro-batches", "12", "--costs", "1,1,2,0.3", "--memory", "3"),
+    ("--stages", "5", "--micro-batches", "9", "--costs", "2,3,1", "--memory", "7")])
+def test_plans_search_row_is_no_slower_than_any_row_within_memory(flags):
+    found = rows(*flags)
+    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else int(flags[1])
+    assert max(found["search"]["peak_inflight"]) <= memory
+    for name, row in found.items():
+        if "step" in row and max(row["peak_inflight"]) <= memory:
+            assert found["search"]["step"] <= row["step"] + 1e-9, name
 
 
 def own_bubbles(found, tables, placement, cost):
@@ -112,32 +161,36 @@ def test_at_twice_the_memory_the_search_leaves_no_bubble_inside_a_rank(num_ranks
     found = simulated(tables, "loop", theory.UNIT)
     zb_h1 = simulated(schedules.zb_h1(n, m), "loop", theory.UNIT)
     assert max(found.peak_inflight) <= 2 * n
-    assert found.bubble == pytest.approx(zb_h1.bubble) == pytest.approx((n - 1) / (3 * m + n - 1))
+    assert found.step == zb_h1.step == theory.least_step("loop", n, 1, m, theory.UNIT, 0.0, 2 * n)
+    assert found.bubble == pytest.approx((n - 1) / (3 * m + n - 1))
     assert max(own_bubbles(found, tables, "loop", theory.UNIT)) <= zb_h1.bubble / 2
 
 
-@pytest.mark.parametrize("placement", ["loop", "v"])
+@pytest.mark.parametrize("placement, num_chunks", PLACEMENTS)
 @pytest.mark.parametrize("forward, backward, weight, message", [(1, 1, 1, 0), (1, 2, 1, 0), (2, 1, 3, 0.5)])
-def test_search_tables_are_valid_for_any_layout_and_memory(placement, forward, backward, weight, message):
+def test_search_tables_are_valid_for_any_layout_and_memory(placement, num_chunks, forward, backward, weight,
+                                                           message):
     """Each (chunk, micro_batch) of each rank: one F, one B, one W; within memory; and the replay runs them all."""
-    cost, num_chunks = theory.stage_costs(forward, backward, weight), 1 if placement == "loop" else 2
+    cost = theory.stage_costs(forward, backward, weight)
     for n in range(1, 7):
         for m in (1, 2, 3, 5, 8, 13):
             for memory in sorted({1, 1.5, 2, n, 2 * n, m + 1}):
-                tables = schedules.search(n, m, placement, cost, memory, message)
+                tables = schedules.search(n, m, placement, cost, memory, message, num_chunks)
                 every = Counter((kind, chunk, i) for kind in KINDS for chunk in range(num_chunks) for i in range(m))
                 assert all(Counter(table) == every for table in tables), (n, m, memory)
-                found = simulated(tables, placement, cost, message)  # raises if it deadlocks
+                found = simulated(tables, placement, cost, message, num_chunks)  # raises if it deadlocks
                 assert max(found.peak_inflight) <= memory, (n, m, memory)
 
 
 @pytest.mark.parametrize("arguments, sentence", [
-    ((4, 8, "loop", 0.5), "memory is 0.5"), ((4, 8, "v", 0.9), "memory is 0.9"), ((4, 8, "ring", 2), "placement"),
-    ((0, 8, "loop", 2), "num_ranks"), ((4, 0, "loop", 2), "num_microbatches")])
+    ((4, 8, "loop", 0.5, 1), "memory is 0.5"), ((4, 8, "v", 0.9, 2), "memory is 0.9"),
+    ((4, 8, "ring", 2, 1), "placement"), ((0, 8, "loop", 2, 1), "num_ranks"),
+    ((4, 0, "loop", 2, 1), "num_microbatches"), ((4, 8, "loop", 2, 0), "num_chunks"),
+    ((4, 8, "v", 2, 3), "the V holds 2 chunks")])
 def test_search_refuses_what_no_schedule_can_do(arguments, sentence):
-    num_ranks, num_microbatches, placement, memory = arguments
+    num_ranks, num_microbatches, placement, memory, num_chunks = arguments
     with pytest.raises(ValueError, match=sentence):
-        schedules.search(num_ranks, num_microbatches, placement, theory.UNIT, memory)
+        schedules.search(num_ranks, num_microbatches, placement, theory.UNIT, memory, num_chunks=num_chunks)
 
 
 def write_trace(path, events):
