@@ -125,6 +125,19 @@ def test_zb_h1_reaches_the_least_step_at_equal_costs():
                 assert step == theory.least_step("loop", n, 1, m, theory.UNIT, 0.0, memory) == 3 * m + n - 1
 
 
+def test_the_least_step_is_reached_where_memory_binds():
+    """B = 2F = 2W on the loop: at 1F1B's memory (n) rank 0 idles until its first B, less the n F's it can run
+    meanwhile, and both ZB-H1 and the search take exactly the least step; at 2n the search takes the smaller one."""
+    cost = theory.stage_costs(1, 2, 1)
+    for n in range(2, 8):
+        for m in (2 * n, 4 * n):
+            least = {memory: theory.least_step("loop", n, 1, m, cost, 0.0, memory) for memory in (n, 2 * n)}
+            assert least[n] == 4 * m + 2 * n - 2 and least[2 * n] == 4 * m + n - 1
+            assert simulated(schedules.zb_h1(n, m), "loop", cost).step == least[n]
+            for memory in (n, 2 * n):
+                assert simulated(schedules.search(n, m, "loop", cost, memory), "loop", cost).step == least[memory]
+
+
 @pytest.mark.parametrize("flags", [
     ("--stages", "8", "--micro-batches", "32", "--costs", "1,2,1", "--virtual-stages", "4"),
     ("--stages", "4", "--micro-batches", "8", "--costs", "1,2,1,0.3", "--virtual-stages", "3", "--memory", "5"),
