@@ -254,12 +254,17 @@ def _made_ready(kind, stage, micro_batch, num_stages):
     return []
 
 
-def _can_finish(owing, visits, limit):
-    """Whether a rank of `limit` slots can still run every forward it owes (the banker's rule): owing, for each
-    micro-batch begun there, the forwards it has left there of the `visits` it makes. One holds a slot a forward
-    done, and lets all go some time after its last (a backward needs every forward); the fewest left go first."""
-    free = limit - sum(visits - left for left in owing)
-    for left in sorted(owing):
+def _may_take(owing, micro_batch, visits, held, limit):
+    """Whether a rank holding `held` of its `limit` slots may run micro_batch's next forward (the banker's rule): a
+    slot is free, and afterwards it can still run every forward it owes. owing: for each micro-batch begun there
+    and not through, the forwards it has left there of the `visits` it makes. One holds a slot a forward done and
+    lets all go some time after its last (a backward needs every forward), so the fewest left go first."""
+    if held >= limit:
+        return False
+    after = {**owing, micro_batch: owing.get(micro_batch, visits) - 1}
+    lefts = sorted(left for left in after.values() if left)
+    free = limit - sum(visits - left for left in lefts)  # those through will let theirs go
+    for left in lefts:
         if left > free:
             return False
         free += visits - left
@@ -271,7 +276,7 @@ def _greedy(rank_of, num_microbatches, cost, limit):
     A free rank runs the ready computation it prefers: a B that a neighbour waits for (any but stage 0's) before an
     F, except right after a B, when an F comes first (1F1B), a W before it if memory is full; then stage 0's B; then
     a W. Of a rank's stages, F's of the higher and B's of the lower first: their micro-batches are older. An F runs
-    only if the rank can still run every F it owes afterwards (_can_finish): on the V, or the loop at two chunks,
+    only if the rank can still run every F it owes afterwards (_may_take): on the V, or the loop at two chunks,
     one that begins a micro-batch never takes the last slot while every micro-batch held owes one. rank_of[stage]:
     the stage's rank. Returns (span, starts, orders), a computation as (kind, stage, micro_batch), or None if it
     deadlocks."""
@@ -287,13 +292,8 @@ def _greedy(rank_of, num_microbatches, cost, limit):
         if clock[rank] > now:
             continue
         arrived = {key: heap[0] for key, heap in ready[rank].items() if heap and heap[0][0] <= now}
-        fits = {}
-        for (kind, stage), (_, micro_batch) in arrived.items():
-            if kind == "forward":
-                owes = dict(owing[rank])
-                owes[micro_batch] = owes.get(micro_batch, visits[rank]) - 1
-                fits[stage] = held[rank] < limit and _can_finish([left for left in owes.values() if left], visits[rank],
-                                                                  limit)
+        fits = {stage: _may_take(owing[rank], micro_batch, visits[rank], held[rank], limit)
+                for (kind, stage), (_, micro_batch) in arrived.items() if kind == "forward"}
         room = after_backward[rank] and not all(fits.values())  # a W to make room for the F that 1F1B wants
         choices = []
         for (kind, stage), (arrival, micro_batch) in arrived.items():
