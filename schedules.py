@@ -3,7 +3,8 @@ of lists of (kind, chunk, micro_batch) tuples. Plain Python: a schedule can be d
 without a process group.
 
     kind     "forward"; "backward", the gradient for the previous stage only, its "weight" gradient (W) coming
-             later (a split backward); or "full_backward", both at once
+             later (a split backward); "full_backward", both at once; or "overlapped_backward", a full backward
+             run as one step with the forward before it (DualPipeV)
     chunk    which of the rank's model chunks, placed as SCHEDULES says: "loop", chunk c of rank r is stage
              c n + r of the n v; or "v", rank r holds stages r (chunk 0) and 2n - 1 - r (chunk 1)
 
@@ -17,17 +18,23 @@ without a process group.
     looped-bfs               looped_bfs(n, m, v)                      loop, v chunks  ScheduleLoopedBFS
     interleaved-zero-bubble  interleaved_zero_bubble(n, m, v)         loop, v chunks  ScheduleInterleavedZeroBubble
 
-Every function takes any n >= 1 ranks, m >= 1 micro-batches and v >= 1 chunks, and anything else raises
-ValueError. Where a rule needs more micro-batches than m (04's groups of n, ZB-V's 2n - 1, DualPipeV's 2n,
-PyTorch's whole rounds), it is run for as many as it needs and the entries of those past m are holes, left out:
-whole micro-batches dropped from an order that runs still leave one that runs. PyTorch takes fewer layouts:
-Schedule1F1B m >= n, ScheduleDualPipeV m >= 2n, its interleaved schedules m a multiple of max(1, m // n).
+Every function takes any n >= 1 ranks (DualPipeV: 2 or more), m >= 1 micro-batches and v >= 1 chunks, and
+anything else raises ValueError. Where a rule needs more micro-batches than m (04's groups of n, ZB-V's 2n - 1,
+DualPipeV's 2n, PyTorch's whole rounds), it is run for as many as it needs and the entries of those past m are
+holes, left out: whole micro-batches dropped from an order that runs still leave one that runs. PyTorch takes
+fewer layouts: Schedule1F1B m >= n, ScheduleDualPipeV m >= 2n, its interleaved schedules m a multiple of
+max(1, m // n).
 
     table("1f1b", 4, 8)[0]  # rank 0: [("forward", 0, 0), ("forward", 0, 1), ("forward", 0, 2), ...]
+
+search(n, m, placement, costs, memory) finds a table instead, for given F, B and W times and a memory, never
+slower than one above of that placement and chunks that fits it; best_search tries each placement (tools/plan.py,
+09's --schedule search).
 """
 
 import heapq
 import inspect
+import math
 
 import theory
 
@@ -257,8 +264,9 @@ def _made_ready(kind, stage, micro_batch, num_stages):
 def _may_take(owing, micro_batch, visits, held, limit):
     """Whether a rank holding `held` of its `limit` slots may run micro_batch's next forward (the banker's rule): a
     slot is free, and afterwards it can still run every forward it owes. owing: for each micro-batch begun there
-    and not through, the forwards it has left there of the `visits` it makes. One holds a slot a forward done and
-    lets all go some time after its last (a backward needs every forward), so the fewest left go first."""
+    and not through, the forwards it has left there of the `visits` it makes. Each forward takes a slot; a
+    micro-batch lets its slots go only after its last forward here (its backwards need them all), so those with
+    the fewest left are counted through first."""
     if held >= limit:
         return False
     after = {**owing, micro_batch: owing.get(micro_batch, visits) - 1}
@@ -271,15 +279,14 @@ def _may_take(owing, micro_batch, visits, held, limit):
     return True
 
 
-def _greedy(rank_of, num_microbatches, cost, limit):
-    """The search's first order, found as if messages were free (it orders better so; the passes time it with them).
+def _greedy(rank_of, num_microbatches, chunk_cost, limit):
+    """The search's first order, found as if messages were free (the passes reorder it with them).
     A free rank runs the ready computation it prefers: a B that a neighbour waits for (any but stage 0's) before an
     F, except right after a B, when an F comes first (1F1B), a W before it if memory is full; then stage 0's B; then
     a W. Of a rank's stages, F's of the higher and B's of the lower first: their micro-batches are older. An F runs
-    only if the rank can still run every F it owes afterwards (_may_take): on the V, or the loop at two chunks,
-    one that begins a micro-batch never takes the last slot while every micro-batch held owes one. rank_of[stage]:
-    the stage's rank. Returns (span, starts, orders), a computation as (kind, stage, micro_batch), or None if it
-    deadlocks."""
+    only if the rank can still run every F it owes afterwards (_may_take). rank_of[stage]: the stage's rank, a
+    stage here a chunk; chunk_cost: a chunk's cost of each kind. Returns (span, starts, orders), a computation as
+    (kind, stage, micro_batch), or None if it deadlocks."""
     num_ranks, num_stages = 1 + max(rank_of), len(rank_of)
     visits = [rank_of.count(rank) for rank in range(num_ranks)]  # the stages a micro-batch passes on a rank
     owing = [{} for _ in range(num_ranks)]  # per rank, micro-batch: the forwards it has left there, if any
@@ -310,7 +317,8 @@ def _greedy(rank_of, num_microbatches, cost, limit):
             continue
         _, _, micro_batch, kind, stage = min(choices)
         heapq.heappop(ready[rank][kind, stage])
-        starts[kind, stage, micro_batch], clock[rank] = now, now + cost[kind]
+        starts[kind, stage, micro_batch] = now
+        clock[rank] = now + chunk_cost[kind]
         orders[rank].append((kind, stage, micro_batch))
         heapq.heappush(events, (clock[rank], rank))
         held[rank] += (kind == "forward") - (kind == "weight")
@@ -329,13 +337,13 @@ def _greedy(rank_of, num_microbatches, cost, limit):
     return max(clock), starts, orders
 
 
-def _reschedule(rank_of, starts, cost, message, limit, reverse):
+def _reschedule(rank_of, starts, chunk_cost, message, limit, reverse):
     """One pass: a free rank runs the ready computation that began first in the last schedule, but waits for one that
     began sooner if it comes in before this would end, and takes memory (F's) in the last schedule's order. Reverse:
     the same on the graph reversed, time running back, the last to end first (a W takes memory, its F gives it back).
     Returns (span, starts, orders) forwards, or None if it deadlocks."""
     num_ranks, num_stages = 1 + max(rank_of), len(rank_of)
-    key = {node: -start - cost[node[0]] if reverse else start for node, start in starts.items()}
+    key = {node: -start - chunk_cost[node[0]] if reverse else start for node, start in starts.items()}
     after, inputs = {node: [] for node in key}, dict.fromkeys(key, 0)  # inputs: how many are still to come
     for node in key:
         for made in _made_ready(*node, num_stages):
@@ -379,12 +387,12 @@ def _reschedule(rank_of, starts, cost, message, limit, reverse):
             heapq.heappush(ready[rank], item)
         if pick is None:
             continue
-        if sooner is not None and sooner < now + cost[pick[2][0]]:  # it comes in before pick would end
+        if sooner is not None and sooner < now + chunk_cost[pick[2][0]]:  # it comes in before pick would end
             heapq.heappush(ready[rank], pick)
             heapq.heappush(events, (sooner, rank))
             continue
         node = pick[2]
-        times[node], clock[rank] = now, now + cost[node[0]]
+        times[node], clock[rank] = now, now + chunk_cost[node[0]]
         orders[rank].append(node)
         heapq.heappush(events, (clock[rank], rank))
         held[rank] += (node[0] == take) - (node[0] == give)
@@ -402,20 +410,20 @@ def _reschedule(rank_of, starts, cost, message, limit, reverse):
     span = max(clock)
     if not reverse:
         return span, times, orders
-    forward_times = {node: span - start - cost[node[0]] for node, start in times.items()}  # time run forwards again
+    forward_times = {node: span - start - chunk_cost[node[0]] for node, start in times.items()}  # forwards again
     return span, forward_times, [order[::-1] for order in orders]
 
 
-def _tables(orders, num_ranks):
+def _tables(orders):
     """Orders of (kind, stage, micro_batch) as tables of (kind, chunk, micro_batch): stage c n + r is chunk c on
     the loop, and on the V stage 2n - 1 - r is rank r's chunk 1."""
-    return [[(kind, stage // num_ranks, micro_batch) for kind, stage, micro_batch in order] for order in orders]
+    return [[(kind, stage // len(orders), micro_batch) for kind, stage, micro_batch in order] for order in orders]
 
 
 def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, costs, limit, message):
     """The fastest table above of the placement and chunks that holds at most `limit` (chunk, micro_batch) pairs on
-    any rank, each backward split (a gradient leaves sooner, nothing else changes), replayed: (simulation, tables),
-    or None if none fits."""
+    any rank, each backward split (a gradient leaves sooner, and an overlapped F&B runs as its F then its B: no
+    table is slower so), replayed: (simulation, tables), or None if none fits."""
     fastest, seen = None, []
     for name, (_, where) in SCHEDULES.items():
         if where != placement or (not takes_virtual_stages(name) and num_chunks != 1 + (where == "v")):
@@ -424,7 +432,9 @@ def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, costs, li
             tables = table(name, num_ranks, num_microbatches, num_chunks)
         except ValueError:  # DualPipeV on one rank
             continue
-        if tables in seen or max(theory.peak_inflight(tables)) > limit:  # looped BFS at one chunk is GPipe
+        if tables in seen:  # looped BFS at one chunk is GPipe
+            continue
+        if max(theory.peak_inflight(tables)) > limit:
             continue
         seen.append(tables)
         tables = [_split(order, 0) for order in tables]
@@ -436,44 +446,46 @@ def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, costs, li
 
 def _search(num_ranks, num_microbatches, placement, num_chunks, costs, limit, message):
     """search's table on one placement, and a bound on its step (its replay is no longer): (step, tables), or None
-    if no order was found. It stops as soon as an order reaches theory.least_step, since none is faster."""
+    if no order was found. It stops as soon as an order takes theory.least_step: none is faster."""
     rank_of = [0] * num_ranks * num_chunks
     for rank in range(num_ranks):
         for chunk in range(num_chunks):
             rank_of[theory.stage(placement, num_ranks, rank, chunk)] = rank
-    cost = {kind: costs[kind] / num_chunks for kind in ("forward", "backward", "weight")}
-    bound = theory.least_step(placement, num_ranks, num_chunks, num_microbatches, costs, message, limit)
-    found = []  # (step, tables)
-    greedy = _greedy(rank_of, num_microbatches, cost, limit)
+    chunk_cost = {kind: costs[kind] / num_chunks for kind in ("forward", "backward", "weight")}
+    least = theory.least_step(placement, num_ranks, num_chunks, num_microbatches, costs, message, limit)
+    best = math.inf, None  # the fastest order met: (step, tables)
+    greedy = _greedy(rank_of, num_microbatches, chunk_cost, limit)
     if greedy:
         span, starts, orders = greedy
-        tables = _tables(orders, num_ranks)
-        step = theory.simulate(tables, placement, num_chunks, costs, message).step if message else span
-        found.append((step, tables))  # its span counts no messages
-        if step > bound:
-            found += _passes(rank_of, starts, cost, message, limit)
-    fastest = None
-    if not found or min(step for step, _ in found) > bound:
-        fastest = _fastest_table(num_ranks, num_microbatches, placement, num_chunks, costs, limit, message)
-    if fastest and (not found or fastest[0].step < min(step for step, _ in found)):  # a table is faster: go on
+        tables = _tables(orders)
+        if message:  # the greedy ignored messages: replay its order with them
+            span = theory.simulate(tables, placement, num_chunks, costs, message).step
+        best = span, tables
+        if best[0] > least:
+            best = _passes(rank_of, starts, chunk_cost, message, limit, best)
+    fastest = None if best[0] <= least else _fastest_table(num_ranks, num_microbatches, placement, num_chunks,
+                                                            costs, limit, message)
+    if fastest and fastest[0].step < best[0]:  # a table that fits is faster: go on from it
         simulation, tables = fastest
+        best = simulation.step, tables
         spans = simulation.spans.items()
         starts = {(kind, stage, micro_batch): start for (stage, kind, micro_batch), (start, _) in spans}
-        found.append((simulation.step, tables))
-        found += _passes(rank_of, starts, cost, message, limit)
-    return min(found, key=lambda pair: pair[0], default=None)
+        if best[0] > least:
+            best = _passes(rank_of, starts, chunk_cost, message, limit, best)
+    return None if best[1] is None else best
 
 
-def _passes(rank_of, starts, cost, message, limit):
-    """A pass backwards from these starts, then one forwards from its result (_reschedule): [(span, tables)]."""
-    found = []
+def _passes(rank_of, starts, chunk_cost, message, limit, best):
+    """best, (step, tables), or an order faster still from a pass backwards from these starts or the pass forwards
+    from its result (_reschedule)."""
     for reverse in (True, False):
-        result = _reschedule(rank_of, starts, cost, message, limit, reverse)
+        result = _reschedule(rank_of, starts, chunk_cost, message, limit, reverse)
         if result is None:
             break
         span, starts, orders = result
-        found.append((span, _tables(orders, len(set(rank_of)))))
-    return found
+        if span < best[0]:
+            best = span, _tables(orders)
+    return best
 
 
 def _limit(num_ranks, num_microbatches, placement, num_chunks, memory):
@@ -493,11 +505,11 @@ def search(num_ranks, num_microbatches, placement, costs, memory, message=0.0, n
     computations (every backward split) for num_ranks ranks placed "loop" (num_chunks a rank, 1 unless given) or
     "v" (two), at a stage's costs {"forward": F, "backward": B, "weight": W} (a chunk's: a 1/num_chunks share) and a
     tensor's `message` time between ranks. memory: the most activations a rank may hold, in micro-batches of a stage
-    (a chunk's: a 1/num_chunks share), as tools/plan.py counts them. It starts from a greedy's order (_greedy) and,
-    unless that is as fast as any order can be (theory.least_step), from the fastest table above of the placement
-    that fits the memory; from each a pass backwards, then one forwards (_reschedule), may shorten it. The fastest
-    order met is kept: never slower than a table that fits. Below memory 1 no schedule runs: a rank holds a
-    micro-batch from its F to its W (on the V, the turn rank both of its chunks)."""
+    (a chunk's: a 1/num_chunks share), as tools/plan.py counts them. A greedy gives the first order (_greedy), a
+    pass backwards and one forwards (_reschedule) may shorten it; then, if it is faster, the fastest table above
+    of the placement and chunks that fits the memory is a start too, rescheduled the same way. The fastest order
+    met is kept: never slower than a table that fits. Any that takes theory.least_step ends the search, since no
+    order is faster. Below memory 1 no schedule runs: a rank holds a micro-batch from its F to its W."""
     if num_chunks is None:
         num_chunks = 2 if placement == "v" else 1
     limit = _limit(num_ranks, num_microbatches, placement, num_chunks, memory)

@@ -179,12 +179,12 @@ def least_step(placement, num_ranks, num_chunks, num_microbatches, cost, message
         return sum(each + message * (rank_of[one] != rank_of[after]) for one, after in zip(stages, stages[1:]))
 
     up = trip(range(num_stages), forward) + forward  # micro-batch 0's forwards, the last stage's backward may begin
+    forwards_meanwhile = min(limit, num_microbatches * num_chunks) * forward  # before a rank's first backward
     idle = []
     for rank in range(num_ranks):
         stages = [where for where, its_rank in rank_of.items() if its_rank == rank]
         first_forward = trip(range(min(stages) + 1), forward)
         first_backward = up + trip(range(num_stages - 1, max(stages) - 1, -1), backward)
-        forwards_meanwhile = min(limit, num_microbatches * num_chunks) * forward
         idle.append(max(first_forward, first_backward - forwards_meanwhile))
     return max(idle) + num_microbatches * (cost["forward"] + cost["backward"] + cost["weight"])
 

@@ -169,7 +169,7 @@ def test_search_matches_baseline(runs, world, micro_batches, layers, flags):
     assert max(peak_inflight(tables)) <= summary["memory"] * chunks, "within --memory"
 
 
-@pytest.mark.parametrize("flags", [(), ("--costs", "1,2,1", "--memory", "8")])
+@pytest.mark.parametrize("flags", [(), ("--costs", "1,2,1", "--memory", "8"), ("--virtual-stages", "2")])
 def test_search_holds_its_count(runs, flags):
     """The search's held bytes are the count over its table, exactly, as every table's."""
     world, m, rows, hidden, layers = 4, 8, 2, 24, 16
