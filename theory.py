@@ -257,6 +257,8 @@ def held_theory(script, n, m, blocks, rows, hidden, recompute=False):
     gradient received, an activation and a gradient sent, until the next iteration) and, in GPipe, the
     activations sent, let go of once the first gradient is back. The last stage adds its loss's saved tensors,
     `extra` (rows x 10 log-probabilities, the rows' labels, a total weight), and W the head's gradient, `head`."""
+    if script not in ("02_gpipe.py", "03_1f1b.py", "05_zero_bubble.py"):
+        raise ValueError(f"held_theory counts 02, 03 and 05, not {script}: count its table with held_count.")
     extra, head = (11 * rows + 1) / (rows * hidden), 10 / hidden
     L, peaks = blocks, []
     for rank in range(n):
