@@ -292,8 +292,11 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit):
     owing = [{} for _ in range(num_ranks)]  # per rank, micro-batch: the forwards it has left there, if any
     ready = [{} for _ in range(num_ranks)]  # per rank, (kind, stage): heap of (when its input is in, micro_batch)
     ready[0]["forward", 0] = [(0.0, micro_batch) for micro_batch in range(num_microbatches)]
-    events, clock, held = [(0.0, 0)], [0.0] * num_ranks, [0] * num_ranks
-    after_backward, starts, orders = [False] * num_ranks, {}, [[] for _ in range(num_ranks)]
+    events = [(0.0, 0)]  # (when, rank): a rank to look at then
+    clock = [0.0] * num_ranks  # when each rank is free
+    held = [0] * num_ranks  # (chunk, micro_batch) pairs each rank holds
+    after_backward = [False] * num_ranks  # whether its last F or B was a B: 1F1B's turn
+    starts, orders = {}, [[] for _ in range(num_ranks)]  # what the search returns
     while events:
         now, rank = heapq.heappop(events)
         if clock[rank] > now:
@@ -306,8 +309,10 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit):
         for (kind, stage), (arrival, micro_batch) in arrived.items():
             if kind == "forward" and fits[stage]:
                 preference = 0 if after_backward[rank] else 1, -stage
+            elif kind == "backward" and stage == 0:  # only its own W waits for it
+                preference = 2, stage
             elif kind == "backward":
-                preference = (1 if after_backward[rank] else 0) if stage > 0 else 2, stage
+                preference = 1 if after_backward[rank] else 0, stage
             elif kind == "weight":
                 preference = 0 if room else 3, 0
             else:
@@ -353,9 +358,14 @@ def _reschedule(rank_of, starts, chunk_cost, message, limit, reverse):
     takers = [[] for _ in range(num_ranks)]  # per rank, the computations that take memory, in the last order
     for node in sorted((node for node in key if node[0] == take), key=key.get):
         takers[rank_of[node[1]]].append(node)
-    ready, parked, events, arrival = [[] for _ in range(num_ranks)], set(), [], dict.fromkeys(key, 0.0)
-    clock, held, taken = [0.0] * num_ranks, [0] * num_ranks, [0] * num_ranks
-    times, orders = {}, [[] for _ in range(num_ranks)]
+    ready = [[] for _ in range(num_ranks)]  # per rank, a heap of (key, when its inputs are in, computation)
+    parked = set()  # computations whose inputs are in, waiting for their turn to take memory
+    events = []  # (when, rank): a rank to look at then
+    arrival = dict.fromkeys(key, 0.0)  # when each computation's last input is in
+    clock = [0.0] * num_ranks  # when each rank is free
+    held = [0] * num_ranks  # memory each rank holds, counted in the direction of the pass
+    taken = [0] * num_ranks  # how many of its takers each rank has run
+    times, orders = {}, [[] for _ in range(num_ranks)]  # what the pass returns
 
     def arrive(node):
         """Its inputs are in: to its rank's heap, or parked while it is not the next to take memory."""
@@ -392,7 +402,8 @@ def _reschedule(rank_of, starts, chunk_cost, message, limit, reverse):
             heapq.heappush(events, (sooner, rank))
             continue
         node = pick[2]
-        times[node], clock[rank] = now, now + chunk_cost[node[0]]
+        times[node] = now
+        clock[rank] = now + chunk_cost[node[0]]
         orders[rank].append(node)
         heapq.heappush(events, (clock[rank], rank))
         held[rank] += (node[0] == take) - (node[0] == give)
