@@ -248,6 +248,13 @@ def launch(tmp_path, script, nproc, *flags, timeout=120):
     return Run(stdout, stderr, summaries[0], grads, params, rank_params, grad_files, trace)
 
 
+def spoiled(summary, expected, tolerance=0.03):
+    """Whether a paced run may have met noise on these shared cores: a computation longer than the pace, or a
+    busiest bubble that misses `expected` by more than the tolerance. Such a run is measured once more
+    (conftest's again); a schedule that waits where it need not misses every time."""
+    return summary["paced_overruns"] > 0 or abs(summary["bubble_busiest"] - expected) > tolerance
+
+
 def pipelined(runs, script, world, micro_batches, *extra, size=SIZE):
     """A memoized run of a numbered script (01 takes no --micro-batches); `extra`: more flags."""
     flags = size if script == "01_naive.py" else size + ("--micro-batches", str(micro_batches))

