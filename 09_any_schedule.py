@@ -144,8 +144,7 @@ def train_step(inputs, labels):
 
 
 def get_tables():
-    """Every rank's computations in order: the schedule's table, or the search's for --costs and --memory on the
-    placement the flags' check found fastest, as tools/plan.py finds it."""
+    """Every rank's computations in order: the schedule's table, or the search's on the placement the flags chose."""
     if args.schedule != "search":
         return schedules.table(args.schedule, num_ranks, args.micro_batches, num_chunks)
     cost, message = parse_costs(args.costs)
