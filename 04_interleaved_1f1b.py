@@ -26,7 +26,7 @@ from common import (
 )
 from harness import dump, log_step, parse_args, record, report, timed_step
 from schedules import interleaved_1f1b
-from theory import SPANS, busiest_bubble, peak_inflight
+from theory import UNIT_SPANS, busiest_bubble, peak_inflight
 
 args = parse_args(__doc__, micro_batches=True, virtual_stages=True)
 rank, num_ranks, device = setup(args)
@@ -152,4 +152,4 @@ for step in range(args.steps):
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
 tables = interleaved_1f1b(num_ranks, args.micro_batches, num_chunks)  # this order as a table: the theory's count
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
-       bubble_theory=busiest_bubble(tables, stage_of, num_ranks * num_chunks, cost=SPANS))
+       bubble_theory=busiest_bubble(tables, stage_of, num_ranks * num_chunks, cost=UNIT_SPANS))

@@ -1,8 +1,10 @@
-"""Any schedule from a table: one runtime for every order in schedules.py. A schedule is a function that
-returns each rank's computations, (kind, chunk, micro_batch); the loop below is 06's, on either placement.
+"""Any schedule from a table: one runtime for every order in schedules.py, or in a file. A schedule is a function
+that returns each rank's computations, (kind, chunk, micro_batch); the loop below is 06's, on either placement.
 
     torchrun --nproc_per_node=4 09_any_schedule.py --schedule dualpipev --micro-batches 8
     torchrun --nproc_per_node=4 09_any_schedule.py --schedule interleaved-zero-bubble --virtual-stages 2
+    python tools/plan.py --stages 4 --micro-batches 8 --costs 1,2,1 --save plan.csv  # a table found for the costs
+    torchrun --nproc_per_node=4 09_any_schedule.py --schedule plan.csv --micro-batches 8
 
 A full backward (GPipe, 1F1B, DualPipeV) runs its B, then its W at once; the theory counts it two units. In
 DualPipeV a forward and the full backward after it may be one step ([ ]): both inputs are in before it begins,
@@ -29,11 +31,12 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step, track
-from theory import busiest_bubble, parse_costs, peak_inflight
+from theory import busiest_bubble, peak_inflight
 
-args = parse_args(__doc__, micro_batches=True, schedule=True)
+args = parse_args(__doc__, micro_batches=True, schedules=schedules)
 rank, num_ranks, device = setup(args, placement=args.placement)  # "loop" or "v", as the schedule places its chunks
 num_chunks = args.virtual_stages  # 2 on the V; on the loop, 1 or --virtual-stages
+tables = schedules.load(args.schedule, num_ranks, args.micro_batches, num_chunks).tables  # a name, or a file
 # this rank's layers only: chunk c is stage c n + rank ("loop"), or rank and 2n - 1 - rank ("v")
 stages = [build_stage(args, stage_of(rank, chunk), num_ranks * num_chunks, device) for chunk in range(num_chunks)]
 optimizer = torch.optim.Adam([param for stage in stages for param in stage.parameters()], lr=args.lr)
@@ -143,15 +146,6 @@ def train_step(inputs, labels):
     return sum(losses) if any(stage.is_last for stage in stages) else None
 
 
-def get_tables():
-    """Every rank's computations in order: the schedule's table, or the search's on the placement the flags chose."""
-    if args.schedule != "search":
-        return schedules.table(args.schedule, num_ranks, args.micro_batches, num_chunks)
-    cost, message = parse_costs(args.costs)
-    return schedules.search(num_ranks, args.micro_batches, args.placement, cost, args.memory, message, num_chunks)
-
-
-tables = get_tables()
 for step in range(args.steps):
     inputs, labels = get_batch(args, step, device)
     with timed_step(step):

@@ -274,7 +274,7 @@ def timetable(schedules, rank, shapes):
     for other, schedule in enumerate(schedules):
         for kind, chunk, i in schedule:
             stage = stage_of(other, chunk)
-            start, made = spans[stage, kind, i]
+            start, made = spans[kind, stage, i]
             if other == rank:
                 moments[start] = moment(start)._replace(computation=(kind, chunk, i))
             is_gradient = kind in theory.BACKWARDS  # a backward's result goes to the previous stage
@@ -282,7 +282,7 @@ def timetable(schedules, rank, shapes):
             if not 0 <= target < num_stages:
                 continue
             users = theory.BACKWARDS if is_gradient else ("forward",)  # what uses it on the target stage
-            used = next(spans[target, user, i][0] for user in users if (target, user, i) in spans)
+            used = next(spans[user, target, i][0] for user in users if (user, target, i) in spans)
             if other == rank:
                 moment(made).sends.append((kind, chunk, i))
                 moment(used).releases.append(Send(i, None, is_gradient, chunk))

@@ -8,9 +8,6 @@ import time
 import torch
 import torch.distributed as dist
 
-import schedules
-import theory
-
 
 class PipelineError(Exception):
     """A failure explained in one sentence: printed as such, without a traceback."""
@@ -35,6 +32,30 @@ def fail(message):
     os._exit(2)  # skip interpreter teardown: nothing to save, and no rank waits on us
 
 
+# The flags more than one program takes (the scripts, tools/plan.py, tools/torch_schedules.py), each declared here
+# once: its add_argument keywords. A help may name {schedules}, which the program fills in.
+FLAGS = {
+    "--micro-batches": dict(type=int, default=8, help="micro-batches each batch is split into, m"),
+    "--virtual-stages": dict(type=int, default=2, metavar="V",
+                             help="model chunks per rank: 04, 2 or more; elsewhere, for the schedules that take them "
+                                  "(interleaved-1f1b, looped-bfs, interleaved-zero-bubble; the V's hold 2)"),
+    "--schedule": dict(default="1f1b", metavar="NAME|FILE.csv",
+                       help="the table to run: one of {schedules}, or a file in PyTorch's compute_only CSV "
+                            "(tools/plan.py --save writes one)"),
+    "--json": dict(action="store_true", help="print JSON lines instead of the text"),
+    "--svg": dict(metavar="FILE", help="draw the timeline as a picture (SVG)"),
+    "--dump-grads": dict(metavar="DIR", help="write each rank's gradients after the first backward"),
+}
+
+
+def add_flags(parser, *flags, **help_fields):
+    """Add these flags of FLAGS to parser; help_fields fill in the names their help mentions."""
+    for flag in flags:
+        keywords = dict(FLAGS[flag])
+        keywords["help"] = keywords["help"].format(**help_fields)
+        parser.add_argument(flag, **keywords)
+
+
 def model_flags(doc, micro_batches=False, v_shape=False):
     """The flags of the model, the data, the training and the processes, which every script and
     tools/torch_schedules.py take. v_shape (06): two model chunks per rank, placed as a V."""
@@ -48,7 +69,7 @@ def model_flags(doc, micro_batches=False, v_shape=False):
     parser.add_argument("--hidden", type=int, default=1024, help="width of every block")
     parser.add_argument("--batch-size", type=int, default=256, help="samples per optimizer step")
     if micro_batches:
-        parser.add_argument("--micro-batches", type=int, default=8, help="micro-batches each batch is split into")
+        add_flags(parser, "--micro-batches")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
     parser.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
@@ -61,25 +82,16 @@ def model_flags(doc, micro_batches=False, v_shape=False):
 
 
 def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False, data_parallel=False, v_shape=False,
-               tensor_parallel=False, schedule=False):
+               tensor_parallel=False, schedules=None):
     """The flags every script takes; each mistake ends the run with one sentence. v_shape (06): two model
-    chunks per rank, placed as a V, and no --virtual-stages flag. schedule (09): --schedule names the table."""
+    chunks per rank, placed as a V, and no --virtual-stages flag. schedules (09): the module whose tables
+    --schedule names (SCHEDULES) or reads from a file (load), which checks that the layout can run them."""
     parser = model_flags(doc, micro_batches, v_shape)
-    if schedule:
-        parser.add_argument("--schedule", default="1f1b", metavar="NAME",
-                            help=f"the table to run, one of: {', '.join([*schedules.SCHEDULES, 'search'])}")
-        looping = [name for name in schedules.SCHEDULES if schedules.takes_virtual_stages(name)]
-        parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",
-                            help=f"model chunks per rank, for the schedules that take them ({', '.join(looping)}; "
-                                 "default 2); for --schedule search, the loop's it may try besides one (default 1)")
-        parser.add_argument("--costs", metavar="F,B,W[,MSG]",
-                            help="--schedule search: a stage's F, B and W times and a message's, as tools/plan.py "
-                                 "takes them (default 1,1,1)")
-        parser.add_argument("--memory", type=float, metavar="K",
-                            help="--schedule search: the most activations a rank may hold, in micro-batches of a "
-                                 "stage (default: the ranks, 1F1B's)")
+    if schedules:
+        add_flags(parser, "--schedule", "--virtual-stages", schedules=", ".join(schedules.SCHEDULES))
+        parser.set_defaults(virtual_stages=None)  # the table's own chunks unless given
     if virtual_stages:
-        parser.add_argument("--virtual-stages", type=int, default=2, help="model chunks per rank")
+        add_flags(parser, "--virtual-stages")
     if data_parallel:
         parser.add_argument("--data-parallel", type=int, default=1, metavar="D",
                             help="pipelines side by side, world / D stages each, their gradients summed")
@@ -93,62 +105,32 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
                         help="pad every forward, backward and weight-gradient span to MS milliseconds by sleeping, "
                              "so the timeline shows the schedule alone")
     parser.add_argument("--recompute", action="store_true", help="keep only each stage's input from F to B; B reruns F")
-    parser.add_argument("--json", action="store_true", help="print one JSON line with the run's measurements")
+    add_flags(parser, "--json")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto, chrome://tracing) of the run")
-    parser.add_argument("--svg", metavar="FILE", help="draw the last step's timeline as a picture (SVG)")
-    parser.add_argument("--dump-grads", metavar="DIR", help="write each rank's gradients after the first backward")
+    add_flags(parser, "--svg")
+    add_flags(parser, "--dump-grads")
     parser.add_argument("--dump-params", metavar="DIR", help="write each rank's parameters after the last step")
     parser.add_argument("--no-instrument", action="store_true", help="skip the timing and memory hooks (their cost)")
     parser.add_argument("--overhead", action="store_true",
                         help="instrument the even steps only, and compare their time with the odd steps'")
     args = parser.parse_args()
-    if schedule:
-        _check_schedule(args)
+    if schedules:
+        _check_schedule(args, schedules)
     _check(args, one_process, virtual_stages)
     return args
 
 
-def _check_schedule(args):
-    """09: a schedule we have, --virtual-stages, --costs and --memory only where they mean something, and a layout
-    its table can take. Sets args.placement, args.virtual_stages (the model chunks a rank holds) and, for the
-    search, the defaults of --costs and --memory."""
-    names = [*schedules.SCHEDULES, "search"]
-    if args.schedule not in names:
-        fail(f"--schedule {args.schedule} is not a schedule of ours: pass one of {', '.join(names)}.")
+def _check_schedule(args, schedules):
+    """09: a table the layout can run, by name or from a file (schedules.load). Sets args.placement and
+    args.virtual_stages, the model chunks a rank holds."""
     num_ranks = int(os.environ.get("WORLD_SIZE", 1))
-    for flag, value in (("--costs", args.costs), ("--memory", args.memory)):
-        if value is not None and args.schedule != "search":
-            fail(f"{flag} is for --schedule search, which finds a table for them: leave it out of {args.schedule}.")
-    if args.schedule == "search":
-        looped = 1 if args.virtual_stages is None else args.virtual_stages  # chunks a rank the loop may take too
-        if looped < 1:
-            fail(f"--virtual-stages {looped}: --schedule search may try the loop at that many chunks a rank as well "
-                 "as at one; pass 1 or more.")
-        args.costs = args.costs or "1,1,1"
-        args.memory = num_ranks if args.memory is None else args.memory  # 1F1B's
-        if num_ranks * looped > args.layers:  # too few layers for the chunks asked for: _check says what to do
-            args.placement, args.virtual_stages = "loop", looped
-            return
-        try:
-            cost, message = theory.parse_costs(args.costs)
-            found = schedules.best_search(num_ranks, max(1, args.micro_batches), cost, args.memory, message, looped,
-                                          most_chunks=args.layers // num_ranks)
-        except ValueError as error:
-            fail(f"--schedule search on {num_ranks} rank{'s' * (num_ranks > 1)}: {error}")
-        args.placement, args.virtual_stages, _ = found  # 09 searches its placement again: the same table
-        return
-    args.placement = schedules.SCHEDULES[args.schedule][1]
-    if schedules.takes_virtual_stages(args.schedule):
-        args.virtual_stages = 2 if args.virtual_stages is None else args.virtual_stages
-    elif args.virtual_stages is not None:
-        chunks = "two model chunks on each rank, as a V" if args.placement == "v" else "one model chunk on each rank"
-        fail(f"--schedule {args.schedule} places {chunks}, so --virtual-stages means nothing to it: leave it out.")
-    else:
-        args.virtual_stages = 2 if args.placement == "v" else 1
+    if args.virtual_stages is not None and args.virtual_stages < 1:
+        fail(f"--virtual-stages must be at least 1, not {args.virtual_stages}.")
     try:
-        schedules.table(args.schedule, num_ranks, max(1, args.micro_batches), max(1, args.virtual_stages))
+        found = schedules.load(args.schedule, num_ranks, max(1, args.micro_batches), args.virtual_stages)
     except ValueError as error:
         fail(f"--schedule {args.schedule} on {num_ranks} rank{'s' * (num_ranks > 1)}: {error}")
+    args.placement, args.virtual_stages = found.placement, found.num_chunks
 
 
 def _check(args, one_process, virtual_stages):

@@ -326,12 +326,25 @@ common.send_forward, common.recv_backward = send_forward, recv_backward
 KINDS = {"F": "forward", "I": "backward", "W": "weight", "B": "full_backward"}  # PyTorch's computation types, ours
 
 
+def torch_schedule(schedule_class, num_ranks, num_microbatches, num_chunks, placement):
+    """PyTorch's multi-stage schedule_class built from stand-in stages that carry only their place: it computes
+    every rank's actions (pipeline_order) when it is built, without processes."""
+    stages = [SimpleNamespace(num_stages=num_ranks * num_chunks, group_size=num_ranks, group_rank=0, submod=None,
+                              stage_index=stage(placement, num_ranks, 0, chunk)) for chunk in range(num_chunks)]
+    return schedule_class(stages, num_microbatches)
+
+
+def torch_csv(path, schedule_class, num_ranks, num_microbatches, num_chunks, placement):
+    """PyTorch's own compute_only CSV of schedule_class, written to path by its _dump_csv; its text."""
+    torch_schedule(schedule_class, num_ranks, num_microbatches, num_chunks, placement)._dump_csv(
+        str(path), format="compute_only")
+    return path.read_text()
+
+
 def torch_order(schedule_class, num_ranks, num_microbatches, num_chunks, placement):
     """Every rank's compute actions, as PyTorch's multi-stage schedule_class orders them, in our tuples. An
     overlapped F&B (OVERLAP_F_B) is its sub-actions, run one after the other unless a function is registered."""
-    stages = [SimpleNamespace(num_stages=num_ranks * num_chunks, group_size=num_ranks, group_rank=0, submod=None,
-                              stage_index=stage(placement, num_ranks, 0, chunk)) for chunk in range(num_chunks)]
-    schedule = schedule_class(stages, num_microbatches)
+    schedule = torch_schedule(schedule_class, num_ranks, num_microbatches, num_chunks, placement)
     orders = []
     for rank in range(num_ranks):
         actions = [(sub, action.sub_actions is not None) for action in schedule.pipeline_order[rank]

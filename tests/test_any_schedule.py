@@ -1,13 +1,16 @@
-"""A schedule is a table (09): every table of schedules.py trains the baseline's model on real ranks (float64,
-within 1e-10, layers and micro-batches that do not divide evenly, also under --sync-sends), holds the bytes
-counted over its table, and lands on its replay's bubble when paced; bad input is one sentence. And the tables
-are the numbered scripts' own orders: what 01-06 computed, read back from their traces, is their table."""
+"""A schedule is a table (09): every table of schedules.py, and a table in a file (PyTorch's compute_only CSV, as
+PyTorch dumps its own and tools/plan.py --save writes the search's), trains the baseline's model on real ranks
+(float64, within 1e-10, layers and micro-batches that do not divide evenly, also under --sync-sends), holds the
+bytes counted over its table, and lands on its replay's bubble when paced; bad input, a bad file too, is one
+sentence. And the tables are the numbered scripts' own orders: what 01-06 computed, read back from their traces,
+is their table."""
 
 import json
 import subprocess
 import sys
 
 import pytest
+import torch.distributed.pipelining.schedules as torch_schedules
 
 import schedules
 from common import partition
@@ -23,9 +26,13 @@ from tests.launch import (
     run_quietly,
     size,
     spoiled,
+    torch_csv,
     torchrun,
 )
-from theory import busiest_bubble, held_count, parse_costs, peak_inflight, stage
+from theory import busiest_bubble, peak_inflight, stage
+from tools import search
+from tools.costs import parse_costs
+from tools.held import held_count
 
 SCRIPT = "09_any_schedule.py"
 NAMES = list(schedules.SCHEDULES)
@@ -120,6 +127,23 @@ PACED = ("--layers", "8", "--hidden", "24", "--batch-size", "16", "--steps", "3"
          "--dtype", "float64", "--pace", "50")
 
 
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory):
+    """tools/plan.py --save's file for a world, m and plan.py's other flags, written once a session: its path."""
+    folder, paths = tmp_path_factory.mktemp("plans"), {}
+
+    def save(world, micro_batches, *flags):
+        key = world, micro_batches, flags
+        if key not in paths:
+            paths[key] = str(folder / f"plan{len(paths)}.csv")
+            subprocess.run([sys.executable, "tools/plan.py", "--stages", str(max(world, 1)), "--micro-batches",
+                            str(micro_batches), *flags, "--save", paths[key]], cwd=HERE, check=True,
+                           capture_output=True)
+        return paths[key]
+
+    return save
+
+
 def paced(runs, again, name, expected=None):
     """09's run of `name` paced, n = 4, m = 8: its summary, or a run's launched again (conftest's again) if noise
     may have spoiled the first (tests.launch.spoiled, against `expected`, its own bubble_theory if None)."""
@@ -132,16 +156,16 @@ def paced(runs, again, name, expected=None):
 
 
 @pytest.mark.parametrize("name", [*NAMES, "search"])
-def test_paced_bubble_is_the_replay(runs, again, name):
+def test_paced_bubble_is_the_replay(runs, again, saved, name):
     """Every span padded to 50 ms, n = 4, m = 8: the busiest rank's bubble is the table's unit-time replay
-    (F, B and W one unit, a full backward two) within 0.03."""
-    summary = paced(runs, again, name)
+    (F, B and W one unit, a full backward two) within 0.03; the search's as tools/plan.py saves it."""
+    summary = paced(runs, again, saved(4, 8) if name == "search" else name)
     assert summary["paced_overruns"] == 0
     assert abs(summary["bubble_busiest"] - summary["bubble_theory"]) <= 0.03, (summary["bubble_per_rank"],
                                                                                summary["bubble_theory"])
 
 
-def test_plan_is_what_runs(runs, again):
+def test_plan_is_what_runs(runs, again, saved):
     """tools/plan.py at n = 4, m = 8 and its default costs (F, B, W one unit): for every schedule and the search, its
     bubble within 0.03 of 09's paced one, and its peak in flight (micro-batches of a stage) 09's measured peak."""
     result = subprocess.run([sys.executable, "tools/plan.py", "--stages", "4", "--micro-batches", "8", "--json"],
@@ -149,48 +173,99 @@ def test_plan_is_what_runs(runs, again):
     planned = {row["schedule"]: row for row in map(json.loads, result.stdout.splitlines())}
     assert sorted(planned) == sorted([*NAMES, "search"])
     for name, row in planned.items():
-        summary = paced(runs, again, name, row["bubble"])
+        summary = paced(runs, again, saved(4, 8) if name == "search" else name, row["bubble"])
         assert abs(row["bubble"] - summary["bubble_busiest"]) <= 0.03, (name, row["bubble"], summary["bubble_busiest"])
         assert [peak * row["chunks"] for peak in row["peak_inflight"]] == summary["peak_inflight_microbatches"], name
 
 
-# (world size, micro-batches, flags): the search's tables, run by 09, at memories from 1F1B's (the default) to 2n,
-# costs that favour either placement, under --sync-sends at every other one.
-SEARCHES = [(2, 3, 7, ()), (3, 6, 7, ("--memory", "6", *SYNC)), (4, 8, 9, ("--costs", "1,2,1", "--memory", "8")),
-            (4, 7, 9, ("--costs", "1,3,1", *SYNC)), (3, 4, 7, ("--costs", "2,2,1,0.5", "--memory", "2")),
-            (3, 6, 7, ("--virtual-stages", "2", *SYNC)), (2, 5, 7, ("--virtual-stages", "3", "--costs", "1,2,1")),
-            (0, 3, 7, ())]
+# (world size, micro-batches, layers, plan.py's flags, 09's): the search's tables, saved by tools/plan.py and run by
+# 09, at memories from 1F1B's (the default) to 2n, costs that favour either placement, --sync-sends at every other.
+SEARCHES = [(2, 3, 7, (), ()), (3, 6, 7, ("--memory", "6"), SYNC), (4, 8, 9, ("--costs", "1,2,1", "--memory", "8"), ()),
+            (4, 7, 9, ("--costs", "1,3,1"), SYNC), (3, 4, 7, ("--costs", "2,2,1,0.5", "--memory", "2"), ()),
+            (3, 6, 7, ("--virtual-stages", "2"), SYNC), (2, 5, 7, ("--virtual-stages", "3", "--costs", "1,2,1"), ()),
+            (0, 3, 7, (), ())]
 
 
-def searched(summary, flags):
-    """schedules.best_search for a run's --costs, --memory and --virtual-stages: (placement, chunks, tables)."""
-    cost, message = parse_costs(summary["costs"])
-    looped = int(flags[flags.index("--virtual-stages") + 1]) if "--virtual-stages" in flags else 1
-    return schedules.best_search(summary["world_size"], summary["num_microbatches"], cost, summary["memory"],
-                                 message, looped, summary["layers"] // summary["world_size"])
+def searched(world, micro_batches, flags):
+    """tools/search.best_search for plan.py's --costs, --memory and --virtual-stages: (placement, chunks, tables)."""
+    cost, message = parse_costs(flags[flags.index("--costs") + 1] if "--costs" in flags else "1,1,1")
+    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else max(world, 1)
+    looped = int(flags[flags.index("--virtual-stages") + 1]) if "--virtual-stages" in flags else 2
+    return search.best_search(max(world, 1), micro_batches, cost, memory, message, looped)
 
 
-@pytest.mark.parametrize("world,micro_batches,layers,flags", SEARCHES, ids=case_ids(SEARCHES, "n", "m", "L"))
-def test_search_matches_baseline(runs, world, micro_batches, layers, flags):
-    """schedules.search's table, run by 09: the baseline's gradients, and the in-flight count of its table."""
-    run = any_schedule(runs, "search", world, micro_batches, layers, *flags)
+@pytest.mark.parametrize("world,micro_batches,layers,plan_flags,flags", SEARCHES,
+                         ids=case_ids(SEARCHES, "n", "m", "L"))
+def test_a_saved_plan_matches_baseline(runs, saved, world, micro_batches, layers, plan_flags, flags):
+    """The search's table, saved by tools/plan.py and run by 09 from the file: the baseline's gradients, and the
+    placement, chunks and in-flight count of the search's own table."""
+    path = saved(world, micro_batches, *plan_flags)
+    run = any_schedule(runs, path, world, micro_batches, layers, *flags)
     assert_matches(run, runs("00_baseline.py", 0, *size(layers)))
+    placement, chunks, tables = searched(world, micro_batches, plan_flags)
     summary = run.summary
-    placement, chunks, tables = searched(summary, flags)
-    found = summary["placement"], summary["virtual_stages"], summary["peak_inflight_microbatches"]
-    assert found == (placement, chunks, peak_inflight(tables))
-    assert max(peak_inflight(tables)) <= summary["memory"] * chunks, "within --memory"
+    assert (summary["placement"], summary["virtual_stages"], summary["peak_inflight_microbatches"]) == (
+        placement, chunks, peak_inflight(tables))
 
 
-@pytest.mark.parametrize("flags", [(), ("--costs", "1,2,1", "--memory", "8"), ("--virtual-stages", "2")])
-def test_search_holds_its_count(runs, flags):
+@pytest.mark.parametrize("plan_flags", [(), ("--costs", "1,2,1", "--memory", "8"), ("--virtual-stages", "2")])
+def test_a_saved_plan_holds_its_count(runs, saved, plan_flags):
     """The search's held bytes are the count over its table, exactly, as every table's."""
     world, m, rows, hidden, layers = 4, 8, 2, 24, 16
-    summary = pipelined(runs, SCRIPT, world, m, "--schedule", "search", *flags, size=MEMORY).summary
-    placement, chunks, tables = searched(summary, flags)
+    summary = pipelined(runs, SCRIPT, world, m, "--schedule", saved(world, m, *plan_flags), size=MEMORY).summary
+    placement, chunks, tables = searched(world, m, plan_flags)
     blocks = [last - first for first, last in partition(layers, world * chunks)]
     theory = held_count(tables, placement, blocks, rows, hidden)
     assert [held / (rows * hidden * 8) for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
+
+
+# PyTorch's own dumps (_dump_csv, format compute_only): (class, world, micro-batches, chunks, placement, flags)
+DUMPS = [(torch_schedules.ScheduleZBVZeroBubble, 2, 4, 2, "v", ()),
+         (torch_schedules.ScheduleZBVZeroBubble, 3, 5, 2, "v", SYNC),
+         (torch_schedules.ScheduleInterleavedZeroBubble, 2, 4, 2, "loop", ()),
+         (torch_schedules.ScheduleInterleavedZeroBubble, 3, 6, 2, "loop", SYNC),
+         (torch_schedules.ScheduleDualPipeV, 2, 4, 2, "v", ()),
+         (torch_schedules.ScheduleDualPipeV, 3, 6, 2, "v", SYNC),
+         (torch_schedules.ScheduleLoopedBFS, 2, 3, 3, "loop", ())]
+
+
+@pytest.mark.parametrize("schedule_class,world,micro_batches,num_chunks,placement,flags", DUMPS,
+                         ids=[f"{dump[0].__name__}-n{dump[1]}-m{dump[2]}{'-sync' * bool(dump[5])}" for dump in DUMPS])
+def test_a_table_pytorch_dumps_runs_exactly(runs, tmp_path_factory, schedule_class, world, micro_batches,
+                                             num_chunks, placement, flags):
+    """09 --schedule FILE.csv with the file PyTorch itself writes: the baseline's gradients in float64, and the
+    in-flight count of that table."""
+    path = tmp_path_factory.mktemp("dumps") / f"{schedule_class.__name__}.csv"
+    text = torch_csv(path, schedule_class, world, micro_batches, num_chunks, placement)
+    run = any_schedule(runs, str(path), world, micro_batches, 7, *flags)
+    assert_matches(run, runs("00_baseline.py", 0, *size(7)))
+    table = schedules.from_csv(text, micro_batches)
+    assert (run.summary["placement"], run.summary["virtual_stages"]) == (placement, num_chunks)
+    assert run.summary["peak_inflight_microbatches"] == peak_inflight(table.tables)
+
+
+# bad files at 2 ranks, --micro-batches 1 unless the flags say: their rows, 09's other flags, the words said
+BAD_FILES = [
+    (["0F0,0X0", "1F0,1B0"], (), ("cell '0X0' is no compute action",)),
+    (["0F0,0B0,0F1,0B1", "1F0,1B0,1F1,1B1"], (), ("stage 0 runs micro-batch 1 past --micro-batches 1",)),
+    (["0F0,0B0", "2F0,2B0"], (), ("hold stages [[0], [2]]", "the loop", "the V")),
+    (["0F0,0I0", "1F0,1B0"], (), ("stage 0 runs micro-batch 0 not once",)),
+    (["0B0,0F0", "1F0,1B0"], (), ("rank 0's 0B0 waits for an input", "never finish")),
+    (["0F0,0B0", "1F0,1B0", "2F0,2B0"], (), ("3 rank(s)", "start as many")),
+    (["0F0,3F0,3B0,0B0", "1F0,2F0,2B0,1B0"], ("--virtual-stages", "3"), ("places 2 chunk(s)", "--virtual-stages")),
+    (None, (), ("cannot read it",)),
+]
+
+
+@pytest.mark.parametrize("rows,flags,words", BAD_FILES, ids=[words[0][:24] for _, _, words in BAD_FILES])
+def test_a_bad_table_file_is_one_sentence(tmp_path, rows, flags, words):
+    """A malformed CSV: one sentence naming the file's fault, a non-zero exit, and no rank left waiting."""
+    path = tmp_path / "table.csv"
+    if rows is not None:
+        path.write_text("\n".join(rows) + "\n")
+    result, seconds = run_quietly(torchrun(2, SCRIPT, "--schedule", str(path), "--micro-batches", "1", *flags))
+    assert_one_sentence(result, f"--schedule {path} on 2 ranks", *words)
+    assert seconds < 30
 
 
 @pytest.mark.parametrize("ranks,flags,words", [
@@ -199,11 +274,8 @@ def test_search_holds_its_count(runs, flags):
     (2, ("--schedule", "1f1b", "--virtual-stages", "2"), ("--schedule 1f1b", "--virtual-stages", "leave it out")),
     (2, ("--schedule", "zbv", "--virtual-stages", "3"), ("--schedule zbv", "as a V", "leave it out")),
     (2, ("--schedule", "looped-bfs", "--virtual-stages", "4", "--layers", "7"), ("x 4 virtual stages", "--layers 8")),
-    (2, ("--schedule", "zbv", "--memory", "4"), ("--memory is for --schedule search", "leave it out")),
-    (2, ("--schedule", "search", "--memory", "0.5"), ("--schedule search on 2 ranks", "memory")),
-    (2, ("--schedule", "search", "--costs", "1,two,1"), ("--costs takes F,B,W",)),
-    (2, ("--schedule", "search", "--virtual-stages", "0"), ("--virtual-stages 0", "pass 1 or more")),
-    (2, ("--schedule", "search", "--virtual-stages", "4", "--layers", "7"), ("x 4 virtual stages", "--layers 8")),
+    (2, ("--schedule", "interleaved-1f1b", "--virtual-stages", "0"), ("--virtual-stages must be at least 1",)),
+    (2, ("--schedule", "search"), ("no schedule named 'search'", "gpipe")),
 ])
 def test_bad_input(ranks, flags, words):
     """One sentence, on every rank's behalf, and no rank left waiting."""

@@ -1,5 +1,6 @@
-"""tools/plan.py, theory.simulate and schedules.search: the plan's rows and bad input, the search's tables (valid,
-within memory, never deadlocked) and its bubble against every table of its placement that fits the same memory."""
+"""tools/plan.py, tools/costs.py and tools/search.py: the plan's rows and bad input, the search's tables (valid,
+within memory, never deadlocked) and its bubble against every table of its placement that fits the same memory; the
+table plan.py saves is the search's, and schedules.from_csv reads it back."""
 
 import json
 import os
@@ -12,6 +13,8 @@ import pytest
 
 import schedules
 import theory
+from tools import costs, search
+from tools.plan import to_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("forward", "backward", "weight")
@@ -30,7 +33,7 @@ def rows(*flags):
 
 
 def simulated(tables, placement, cost, message=0.0, num_chunks=None):
-    return theory.simulate(tables, placement, num_chunks or (1 if placement == "loop" else 2), cost, message)
+    return costs.simulate(tables, placement, num_chunks or (1 if placement == "loop" else 2), cost, message)
 
 
 PLACEMENTS = [("loop", 1), ("loop", 2), ("loop", 3), ("v", 2)]  # (placement, chunks a rank)
@@ -72,10 +75,10 @@ def test_json_rows_name_every_schedule_and_carry_its_numbers():
 
 def test_simulate_agrees_with_the_closed_forms():
     n, m = 4, 8
-    one_f_one_b = simulated(schedules.one_f_one_b(n, m), "loop", theory.UNIT)
+    one_f_one_b = simulated(schedules.one_f_one_b(n, m), "loop", theory.UNIT_COSTS)
     assert one_f_one_b.bubble == pytest.approx(theory.gpipe_bubble(n, m))
     assert one_f_one_b.step == 3 * (m + n - 1)
-    zbv = simulated(schedules.zbv(n, m), "v", theory.UNIT)  # a chunk of the V: half a stage's time and memory
+    zbv = simulated(schedules.zbv(n, m), "v", theory.UNIT_COSTS)  # a chunk of the V: half a stage's time and memory
     assert zbv.bubble == pytest.approx(theory.zbv_bubble(n, m))
     assert zbv.peak_inflight == [theory.zbv_inflight(n, m, rank) / 2 for rank in range(n)]
 
@@ -90,10 +93,10 @@ def test_the_search_is_no_worse_than_any_table_that_fits_its_memory(num_ranks, n
                                                                     placement, num_chunks):
     """At each table's own peak memory, the search's step (so its bubble) is no longer, and it stays within."""
     for forward, backward, weight in COSTS:
-        cost = theory.stage_costs(forward, backward, weight)
+        cost = costs.stage_costs(forward, backward, weight)
         for name, rival in rivals(placement, num_chunks, num_ranks, num_microbatches, cost, message).items():
             memory = max(rival.peak_inflight)
-            tables = schedules.search(num_ranks, num_microbatches, placement, cost, memory, message, num_chunks)
+            tables = search.search(num_ranks, num_microbatches, placement, cost, memory, message, num_chunks)
             found = simulated(tables, placement, cost, message, num_chunks)
             assert max(found.peak_inflight) <= memory
             assert found.step <= rival.step + 1e-9, f"{name} at memory {memory}, costs {forward, backward, weight}"
@@ -105,14 +108,14 @@ def test_no_table_nor_search_beats_the_least_step(num_ranks, num_microbatches, m
     """theory.least_step bounds every order from below, on every placement, at the memory the order holds."""
     n, m = num_ranks, num_microbatches
     for forward, backward, weight in COSTS:
-        cost = theory.stage_costs(forward, backward, weight)
+        cost = costs.stage_costs(forward, backward, weight)
         for placement, chunks in PLACEMENTS:
             found = list(rivals(placement, chunks, n, m, cost, message).values())
-            tables = schedules.search(n, m, placement, cost, n, message, chunks)
+            tables = search.search(n, m, placement, cost, n, message, chunks)
             found.append(simulated(tables, placement, cost, message, chunks))
             for simulation in found:
                 limit = round(max(simulation.peak_inflight) * chunks)  # (chunk, micro_batch) pairs
-                least = theory.least_step(placement, n, chunks, m, cost, message, limit)
+                least = costs.least_step(placement, n, chunks, m, cost, message, limit)
                 assert simulation.step >= least - 1e-9, (placement, chunks, forward, backward, weight)
 
 
@@ -120,22 +123,22 @@ def test_zb_h1_reaches_the_least_step_at_equal_costs():
     """F = B = W, m >= n: ZB-H1's step is the least any order on the loop can take, at any memory: 3m + n - 1."""
     for n in range(1, 7):
         for m in range(n, 3 * n + 2):
-            step = simulated(schedules.zb_h1(n, m), "loop", theory.UNIT).step
+            step = simulated(schedules.zb_h1(n, m), "loop", theory.UNIT_COSTS).step
             for memory in (n, 2 * n, m):
-                assert step == theory.least_step("loop", n, 1, m, theory.UNIT, 0.0, memory) == 3 * m + n - 1
+                assert step == costs.least_step("loop", n, 1, m, theory.UNIT_COSTS, 0.0, memory) == 3 * m + n - 1
 
 
 def test_the_least_step_is_reached_where_memory_binds():
     """B = 2F = 2W on the loop: at 1F1B's memory (n) rank 0 idles until its first B, less the n F's it can run
     meanwhile, and both ZB-H1 and the search take exactly the least step; at 2n the search takes the smaller one."""
-    cost = theory.stage_costs(1, 2, 1)
+    cost = costs.stage_costs(1, 2, 1)
     for n in range(2, 8):
         for m in (2 * n, 4 * n):
-            least = {memory: theory.least_step("loop", n, 1, m, cost, 0.0, memory) for memory in (n, 2 * n)}
+            least = {memory: costs.least_step("loop", n, 1, m, cost, 0.0, memory) for memory in (n, 2 * n)}
             assert least[n] == 4 * m + 2 * n - 2 and least[2 * n] == 4 * m + n - 1
             assert simulated(schedules.zb_h1(n, m), "loop", cost).step == least[n]
             for memory in (n, 2 * n):
-                assert simulated(schedules.search(n, m, "loop", cost, memory), "loop", cost).step == least[memory]
+                assert simulated(search.search(n, m, "loop", cost, memory), "loop", cost).step == least[memory]
 
 
 @pytest.mark.parametrize("flags", [
@@ -156,7 +159,7 @@ def own_bubbles(found, tables, placement, cost):
     """Each rank's idle share of its own span, from its first start to its last end."""
     shares = []
     for rank, table in enumerate(tables):
-        spans = [found.spans[theory.stage(placement, len(tables), rank, chunk), kind, micro_batch]
+        spans = [found.spans[kind, theory.stage(placement, len(tables), rank, chunk), micro_batch]
                  for kind, chunk, micro_batch in table]
         busy = sum(cost[kind] for kind, _, _ in table)
         shares.append(1 - busy / (max(end for _, end in spans) - min(start for start, _ in spans)))
@@ -170,13 +173,13 @@ def test_at_twice_the_memory_the_search_leaves_no_bubble_inside_a_rank(num_ranks
     search's. Within each rank's own span, as the zero-bubble paper counts ZB-H2's, the search leaves none, where
     ZB-H1 leaves rank 0 its n - 1 units: at most half of ZB-H1's bubble either way."""
     n, m = num_ranks, num_microbatches
-    tables = schedules.search(n, m, "loop", theory.UNIT, 2 * n)
-    found = simulated(tables, "loop", theory.UNIT)
-    zb_h1 = simulated(schedules.zb_h1(n, m), "loop", theory.UNIT)
+    tables = search.search(n, m, "loop", theory.UNIT_COSTS, 2 * n)
+    found = simulated(tables, "loop", theory.UNIT_COSTS)
+    zb_h1 = simulated(schedules.zb_h1(n, m), "loop", theory.UNIT_COSTS)
     assert max(found.peak_inflight) <= 2 * n
-    assert found.step == zb_h1.step == theory.least_step("loop", n, 1, m, theory.UNIT, 0.0, 2 * n)
+    assert found.step == zb_h1.step == costs.least_step("loop", n, 1, m, theory.UNIT_COSTS, 0.0, 2 * n)
     assert found.bubble == pytest.approx((n - 1) / (3 * m + n - 1))
-    assert max(own_bubbles(found, tables, "loop", theory.UNIT)) <= zb_h1.bubble / 2
+    assert max(own_bubbles(found, tables, "loop", theory.UNIT_COSTS)) <= zb_h1.bubble / 2
 
 
 @pytest.mark.parametrize("placement, num_chunks", PLACEMENTS)
@@ -184,11 +187,11 @@ def test_at_twice_the_memory_the_search_leaves_no_bubble_inside_a_rank(num_ranks
 def test_search_tables_are_valid_for_any_layout_and_memory(placement, num_chunks, forward, backward, weight,
                                                            message):
     """Each (chunk, micro_batch) of each rank: one F, one B, one W; within memory; and the replay runs them all."""
-    cost = theory.stage_costs(forward, backward, weight)
+    cost = costs.stage_costs(forward, backward, weight)
     for n in range(1, 7):
         for m in (1, 2, 3, 5, 8, 13):
             for memory in sorted({1, 1.5, 2, n, 2 * n, m + 1}):
-                tables = schedules.search(n, m, placement, cost, memory, message, num_chunks)
+                tables = search.search(n, m, placement, cost, memory, message, num_chunks)
                 every = Counter((kind, chunk, i) for kind in KINDS for chunk in range(num_chunks) for i in range(m))
                 assert all(Counter(table) == every for table in tables), (n, m, memory)
                 found = simulated(tables, placement, cost, message, num_chunks)  # raises if it deadlocks
@@ -203,7 +206,7 @@ def test_search_tables_are_valid_for_any_layout_and_memory(placement, num_chunks
 def test_search_refuses_what_no_schedule_can_do(arguments, sentence):
     num_ranks, num_microbatches, placement, memory, num_chunks = arguments
     with pytest.raises(ValueError, match=sentence):
-        schedules.search(num_ranks, num_microbatches, placement, theory.UNIT, memory, num_chunks=num_chunks)
+        search.search(num_ranks, num_microbatches, placement, theory.UNIT_COSTS, memory, num_chunks=num_chunks)
 
 
 def write_trace(path, events):
@@ -227,11 +230,24 @@ def test_costs_from_a_trace_are_each_kinds_mean_span_of_a_stage(tmp_path):
         rows("--stages", "4", "--micro-batches", "8", "--costs", "30,60,20")
 
 
-def test_svg_draws_every_schedule(tmp_path):
-    result = plan("--stages", "3", "--micro-batches", "4", "--svg", str(tmp_path))
+@pytest.mark.parametrize("flags", [("--stages", "3", "--micro-batches", "4"),
+                                   ("--stages", "4", "--micro-batches", "8", "--costs", "1,2,1", "--memory", "8"),
+                                   ("--stages", "2", "--micro-batches", "5", "--virtual-stages", "3")])
+def test_save_writes_the_search_table_and_svg_draws_it(tmp_path, flags):
+    """--save: the search's table as PyTorch's compute_only CSV, which schedules.from_csv reads back as the search's
+    own; --svg: a box per computation of it."""
+    result = plan(*flags, "--save", str(tmp_path / "plan.csv"), "--svg", str(tmp_path / "plan.svg"))
     assert result.returncode == 0, result.stderr
-    for name in [*schedules.SCHEDULES, "search"]:
-        assert (tmp_path / f"{name}.svg").read_text().startswith("<svg")
+    found = rows(*flags)["search"]
+    n, m = int(flags[1]), int(flags[3])
+    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else n
+    looped = int(flags[flags.index("--virtual-stages") + 1]) if "--virtual-stages" in flags else 2
+    cost, message = costs.parse_costs(flags[flags.index("--costs") + 1] if "--costs" in flags else "1,1,1")
+    placement, chunks, tables = search.best_search(n, m, cost, memory, message, looped)
+    saved = (tmp_path / "plan.csv").read_text()
+    assert saved == to_csv(tables, placement)
+    assert schedules.from_csv(saved, m) == (placement, chunks, tables) == (found["placement"], found["chunks"], tables)
+    assert (tmp_path / "plan.svg").read_text().count("<rect") == 1 + sum(len(table) for table in tables)
 
 
 @pytest.mark.parametrize("flags", [

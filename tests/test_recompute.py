@@ -9,7 +9,7 @@ import torch
 
 import schedules
 from tests.launch import MEMORY, assert_matches, case_ids, launch, pipelined, size, variant
-from theory import held_count, held_theory
+from tools.held import held_count, held_theory
 
 RECOMPUTE = ("--recompute",)
 SYNC = ("--sync-sends",)
@@ -61,7 +61,7 @@ HELD = [("02_gpipe.py", ()), ("02_gpipe.py", RECOMPUTE), ("03_1f1b.py", ()), ("0
 
 @pytest.mark.parametrize("script,flags", HELD, ids=case_ids(HELD, ""))
 def test_held_bytes_are_the_theory(runs, script, flags):
-    """Every rank's peak held bytes are theory.held_theory's count exactly (06's: held_count over its table;
+    """Every rank's peak held bytes are tools.held.held_theory's count exactly (06's: held_count over its table;
     without the flag, test_zbv.py);
     with the flag, autograd keeps one micro-batch's activations at a time, during its B."""
     summary = pipelined(runs, script, WORLD, M, *flags, size=MEMORY).summary

@@ -14,6 +14,7 @@ import torch.distributed.pipelining.schedules as torch_schedules
 from schedules import (
     SCHEDULES,
     dualpipev,
+    from_csv,
     gpipe,
     interleaved_1f1b,
     interleaved_zero_bubble,
@@ -24,8 +25,9 @@ from schedules import (
     zb_h1,
     zbv,
 )
-from tests.launch import KINDS, torch_order
+from tests.launch import KINDS, torch_csv, torch_order
 from theory import replay, stage
+from tools.plan import to_csv
 
 
 class RecordingStage(SimpleNamespace):
@@ -175,7 +177,7 @@ def check_runs(name, num_ranks, num_microbatches, num_chunks):
 
     starts = replay(orders, lambda rank, chunk: stage(placement, n, rank, chunk), num_stages)
     stuck = [(rank, entry) for rank, order in enumerate(orders) for entry in order
-             if (stage(placement, n, rank, entry[1]), entry[0], entry[2]) not in starts]
+             if (entry[0], stage(placement, n, rank, entry[1]), entry[2]) not in starts]
     assert not stuck, f"{name}, n = {n}, m = {m}, v = {num_chunks}: deadlock, first waiting {stuck[:n]}"
 
 
@@ -204,3 +206,58 @@ def test_registry():
         "interleaved-1f1b", "looped-bfs", "interleaved-zero-bubble"]
     assert {name for name, (_, placement) in SCHEDULES.items() if placement == "v"} == {"zbv", "dualpipev"}
     assert table("1f1b", 3, 5, num_chunks=7) == one_f_one_b(3, 5)  # the chunk count goes only where it is taken
+
+
+# PyTorch's multi-stage schedules: (class, its chunks a rank, placement, whether it takes this n and m)
+MULTI_STAGE = [(torch_schedules.ScheduleZBVZeroBubble, 2, "v", lambda n, m: True),
+               (torch_schedules.ScheduleDualPipeV, 2, "v", lambda n, m: n > 1 and m >= 2 * n),
+               (torch_schedules.ScheduleInterleavedZeroBubble, 2, "loop", pytorch_rounds_fit),
+               (torch_schedules.ScheduleInterleaved1F1B, 3, "loop", lambda n, m: m % n == 0),
+               (torch_schedules.ScheduleLoopedBFS, 3, "loop", lambda n, m: True)]
+
+
+@pytest.mark.parametrize("schedule_class,num_chunks,placement,takes", MULTI_STAGE,
+                         ids=[entry[0].__name__ for entry in MULTI_STAGE])
+def test_pytorchs_own_csv_reads_back_as_its_order(tmp_path, schedule_class, num_chunks, placement, takes):
+    """from_csv of the file PyTorch's _dump_csv(format="compute_only") writes: PyTorch's own order (read from its
+    pipeline_order), placed where PyTorch placed it (on one rank the loop and the V are one placement)."""
+    read = 0
+    for n in range(1, 5):
+        for m in range(1, 3 * n + 3):
+            if takes(n, m):
+                found = from_csv(torch_csv(tmp_path / "dump.csv", schedule_class, n, m, num_chunks, placement), m)
+                assert found.tables == torch_order(schedule_class, n, m, num_chunks, placement), (n, m)
+                assert (found.placement, found.num_chunks) == ("loop" if n == 1 else placement, num_chunks), (n, m)
+                read += 1
+    assert read >= 10
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_every_table_comes_back_from_its_csv(name):
+    """to_csv (tools/plan.py), then from_csv: the same table and placement, an overlapped step one cell."""
+    placement = SCHEDULES[name][1]
+    for n in range(2 if name == "dualpipev" else 1, 5):
+        for m in range(1, 2 * n + 3):
+            for v in (1, 2, 3) if takes_virtual_stages(name) else (2 if placement == "v" else 1,):
+                tables = table(name, n, m, v)
+                text = to_csv(tables, placement)
+                assert text.count("OVERLAP_F_B") == sum(kind == "overlapped_backward" for order in tables
+                                                        for kind, _, _ in order)
+                assert from_csv(text, m) == ("loop" if n == 1 else placement, v, tables), (n, m, v)
+
+
+@pytest.mark.parametrize("text, micro_batches, sentence", [
+    ("0F0,0Z0\n1F0,1B0\n", 1, r"^rank 0's cell '0Z0' is no compute action: .*\.$"),
+    ("0F0,(0B0;0F1)OVERLAP_F_B\n", 2, r"cell '\(0B0;0F1\)OVERLAP_F_B' is no compute action"),
+    ("0F0,0B0\n2F0,2B0\n", 1, r"^its rows hold stages \[\[0\], \[2\]\]: 09 runs .* the loop .* the V .*\.$"),
+    ("0F0,0B0\n1F0,1B0\n", 2, r"^stage 0 runs micro-batch 1 not once as F, then I and W, or B: .*\.$"),
+    ("0F0,0B0,0F1,0B1\n1F0,1B0,1F1,1B1\n", 1, r"^stage 0 runs micro-batch 1 past --micro-batches 1: .*\.$"),
+    ("0F0,0I0,0B0\n1F0,1B0\n", 1, r"^stage 0 runs micro-batch 0 not once"),
+    ("0F0,0I0\n1F0,1B0\n", 1, r"^stage 0 runs micro-batch 0 not once"),
+    ("1F0,1B0\n0F0,0B0\n", 1, r"^its rows hold stages \[\[1\], \[0\]\]"),
+    ("0B0,0F0\n1F0,1B0\n", 1, r"^rank 0's 0B0 waits for an input no rank makes before it: .*\.$"),
+    ("", 1, r"^its rows hold stages \[\]"),
+])
+def test_a_malformed_csv_is_one_sentence(text, micro_batches, sentence):
+    with pytest.raises(ValueError, match=sentence):
+        from_csv(text, micro_batches)

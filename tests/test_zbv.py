@@ -20,7 +20,8 @@ from tests.launch import (
     torch_order,
     torchrun,
 )
-from theory import held_count, zbv_bubble, zbv_inflight
+from theory import zbv_bubble, zbv_inflight
+from tools.held import held_count
 
 SCRIPT = "06_zbv.py"
 PACE = ("--pace", "100")  # ms: 6m + n - 1 paced units, each with about a millisecond of messaging on this machine
@@ -72,7 +73,7 @@ def test_schedule_is_pytorchs_zbv(runs, world, micro_batches, layers, flags):
 
 
 def test_held_bytes_are_the_theory(runs):
-    """Every rank's peak held bytes are the V's count (theory.held_count over its table), exactly, and the largest
+    """Every rank's peak held bytes are the V's count (tools.held.held_count over its table), exactly, and the largest
     is below 05's."""
     world, m, rows, hidden, layers = 4, 8, 2, 24, 16
     summary = pipelined(runs, SCRIPT, world, m, size=MEMORY).summary

@@ -19,14 +19,14 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root: the scripts, README.md
-sys.path.insert(0, HERE)  # the lesson's modules
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root: the scripts, README.md
+sys.path.insert(0, ROOT)  # the lesson's modules, and tools as a package
 import schedules  # noqa: E402
-from theory import held_count, held_theory  # noqa: E402
+from tools.held import held_count, held_theory  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--quick", action="store_true", help="smallest sizes, one round: numbers that mean nothing")
-parser.add_argument("--out", default=HERE, help="where docs/measured.md and docs/img/ go (default: this repository)")
+parser.add_argument("--out", default=ROOT, help="where docs/measured.md and docs/img/ go (default: this repository)")
 parser.add_argument("--recompute-rounds", type=int, default=8, metavar="N",
                     help="rounds of 03 without and with --recompute at the default size (0: leave the section out)")
 args = parser.parse_args()
@@ -50,7 +50,7 @@ if args.quick:
     args.recompute_rounds = min(args.recompute_rounds, 1)
 
 started = time.time()
-git = lambda *command: subprocess.run(["git", *command], cwd=HERE, capture_output=True, text=True).stdout.strip()  # noqa: E731
+git = lambda *command: subprocess.run(["git", *command], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
 # the code the figures come from, read before this run rewrites its own outputs (docs/img/, the README's table)
 commit, dirty = git("rev-parse", "--short", "HEAD"), " (with uncommitted changes)" * bool(git("status", "--porcelain",
                                                                                              "--untracked-files=no"))
@@ -68,7 +68,7 @@ def run(script, ranks, flags):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", script,
                *flags.split()]
     begin = time.time()
-    result = subprocess.run(command, cwd=HERE, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode or not lines:  # the run's own sentences and exceptions, once each, then where the rest is
         with open(os.path.join(scratch, "failed.log"), "w") as file:
@@ -157,7 +157,7 @@ unit is one micro-batch's `2 x 24` float64 tensor, {unit} bytes.
 {table(["script", "in flight, ranks 0-3", "theory", "activations (B)", "held (B)", "held (units)",
         "largest held / 03's"], rows)}""")
 
-# (2b) --recompute: the same runs with the flag, each rank's held bytes beside the theory (theory.held_theory).
+# (2b) --recompute: the same runs with the flag, each rank's held bytes beside the theory (tools/held.py).
 rows, readme_held = [], {}  # readme_held: name -> flag -> held, ranks 0-3, for the README's table
 for name, script in [("02 GPipe", "02_gpipe"), ("03 1F1B", "03_1f1b"), ("05 ZB-H1", "05_zero_bubble"),
                      ("06 ZB-V", "06_zbv")]:
@@ -177,7 +177,7 @@ out.append(f"""## --recompute: memory at the small size
 
 The runs of "Memory at a small size", and the same with `--recompute`, in units of one micro-batch's
 `2 x 24` float64 tensor: each rank's peak held bytes beside the theory (docs/design.md,
-*Recomputation*; `theory.held_theory`, which the tests hold every rank to), and the peak of what
+*Recomputation*; `tools/held.py`'s `held_theory`, which the tests hold every rank to), and the peak of what
 autograd saves. With the flag a micro-batch keeps only its stage's input from F to B, and autograd
 saves one micro-batch's activations at a time, in its B.
 
@@ -220,7 +220,7 @@ for stages in (8, 32, 64):
                "--costs", "1,2,1", "--json"]
     commands.append(" ".join(["python", *command[1:]]))
     begin = time.time()
-    planned = [json.loads(line) for line in subprocess.run(command, cwd=HERE, capture_output=True, text=True,
+    planned = [json.loads(line) for line in subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                                                            check=True).stdout.splitlines()]
     seconds = time.time() - begin
     for row in planned:
@@ -248,7 +248,7 @@ SPEED_RUNS = [("03 1F1B", "03_1f1b.py", ""), ("04 interleaved, v = 2", "04_inter
               ("05 ZB-H1", "05_zero_bubble.py", ""), ("06 ZB-V", "06_zbv.py", ""),
               ("PyTorch `Schedule1F1B`", "tools/torch_schedules.py", "--schedule 1f1b"),
               ("PyTorch `ScheduleInterleaved1F1B`", "tools/torch_schedules.py", "--schedule interleaved-1f1b"),
-              ("PyTorch `ScheduleZBVZeroBubble`", "tools/torch_schedules.py", "--schedule zbv-zero-bubble")]
+              ("PyTorch `ScheduleZBVZeroBubble`", "tools/torch_schedules.py", "--schedule zbv")]
 speed = [[run(script, 2, f"{SPEED} {SPEED_STEPS} {flags}") for _, script, flags in SPEED_RUNS]
          for _ in range(SPEED_ROUNDS)]
 rows = []
@@ -415,7 +415,7 @@ readme_blocks["recompute"] = "\n".join(
     + [f"| {name} | {held['off']} | {held['on']} |" for name, held in readme_held.items()]
     + ["", f"03's step with `--recompute` costs {readme_ratio}." if args.recompute_rounds else ""])
 if not args.quick:  # the README's tables, each between its two markers
-    readme = open(os.path.join(HERE, "README.md")).read()
+    readme = open(os.path.join(ROOT, "README.md")).read()
     for name, block in readme_blocks.items():
         begin, end = f"<!-- from measure.py: {name} -->\n", f"<!-- end of measure.py's {name} -->"
         readme = readme[:readme.index(begin) + len(begin)] + block + "\n" + readme[readme.index(end):]

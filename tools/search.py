@@ -1,0 +1,325 @@
+"""A table found, not written, in the spirit of the zero-bubble paper (sail-sg's scheduler/zb.py): the costs of F,
+I (B here: a split backward's input gradient) and W and a memory in, every rank's order out, never slower than a
+table of schedules.py that fits that memory. tools/plan.py prints it and saves it as a CSV that 09 runs.
+
+search        the table for one placement: a greedy order (_greedy), then passes that shorten it (_reschedule)
+best_search   search on each placement (the loop at one chunk a rank and at more, the V): the fastest
+
+A computation is (kind, stage, micro_batch) here, a chunk being a stage: one rank may hold several.
+"""
+
+import heapq
+import math
+
+import schedules
+import theory
+from tools import costs
+
+
+def _users_of(kind, stage, micro_batch, num_stages):
+    """The computations a finished one gives an input to: a forward, the next stage's forward (the last stage's: its
+    own backward); a backward, its W and the previous stage's backward."""
+    if kind == "forward":
+        return [("forward", stage + 1, micro_batch) if stage < num_stages - 1 else ("backward", stage, micro_batch)]
+    if kind == "backward":
+        return [("weight", stage, micro_batch)] + [("backward", stage - 1, micro_batch)] * (stage > 0)
+    return []
+
+
+def _forward_fits(owing, micro_batch, visits, held, limit):
+    """Whether a rank holding `held` of its `limit` slots may run micro_batch's next forward (the banker's rule): a
+    slot is free, and afterwards it can still run every forward it owes. owing: for each micro-batch begun there
+    and not through, the forwards it has left there of the `visits` it makes. Each forward takes a slot; a
+    micro-batch lets its slots go only after its last forward here (its backwards need them all), so those with
+    the fewest left are counted through first."""
+    if held >= limit:
+        return False
+    after = {**owing, micro_batch: owing.get(micro_batch, visits) - 1}
+    lefts = sorted(left for left in after.values() if left)
+    free = limit - sum(visits - left for left in lefts)  # those through will let theirs go
+    for left in lefts:
+        if left > free:
+            return False
+        free += visits - left
+    return True
+
+
+def _greedy(rank_of, num_microbatches, chunk_cost, limit):
+    """The search's first order, found as if messages were free (the passes reorder it with them).
+    A free rank runs the ready computation it prefers: a B that a neighbour waits for (any but stage 0's) before an
+    F, except right after a B, when an F comes first (1F1B), a W before it if memory is full; then stage 0's B; then
+    a W. Of a rank's stages, F's of the higher and B's of the lower first: their micro-batches are older. An F runs
+    only if the rank can still run every F it owes afterwards (_forward_fits). rank_of[stage]: the stage's rank, a
+    stage here a chunk; chunk_cost: a chunk's cost of each kind. Returns (span, starts, orders), a computation as
+    (kind, stage, micro_batch), or None if it deadlocks."""
+    num_ranks, num_stages = 1 + max(rank_of), len(rank_of)
+    visits = [rank_of.count(rank) for rank in range(num_ranks)]  # the stages a micro-batch passes on a rank
+    owing = [{} for _ in range(num_ranks)]  # per rank, micro-batch: the forwards it has left there, if any
+    ready = [{} for _ in range(num_ranks)]  # per rank, (kind, stage): heap of (when its input is in, micro_batch)
+    ready[0]["forward", 0] = [(0.0, micro_batch) for micro_batch in range(num_microbatches)]
+    events = [(0.0, 0)]  # (when, rank): a rank to look at then
+    clock = [0.0] * num_ranks  # when each rank is free
+    held = [0] * num_ranks  # (chunk, micro_batch) pairs each rank holds
+    after_backward = [False] * num_ranks  # whether its last F or B was a B: 1F1B's turn
+    starts, orders = {}, [[] for _ in range(num_ranks)]  # what the search returns
+    while events:
+        now, rank = heapq.heappop(events)
+        if clock[rank] > now:
+            continue
+        arrived = {key: heap[0] for key, heap in ready[rank].items() if heap and heap[0][0] <= now}
+        fits = {stage: _forward_fits(owing[rank], micro_batch, visits[rank], held[rank], limit)
+                for (kind, stage), (_, micro_batch) in arrived.items() if kind == "forward"}
+        room = after_backward[rank] and not all(fits.values())  # a W to make room for the F that 1F1B wants
+        choices = []
+        for (kind, stage), (arrival, micro_batch) in arrived.items():
+            if kind == "forward" and fits[stage]:
+                preference = 0 if after_backward[rank] else 1, -stage
+            elif kind == "backward" and stage == 0:  # only its own W waits for it
+                preference = 2, stage
+            elif kind == "backward":
+                preference = 1 if after_backward[rank] else 0, stage
+            elif kind == "weight":
+                preference = 0 if room else 3, 0
+            else:
+                continue
+            choices.append((preference, arrival, micro_batch, kind, stage))
+        if not choices:
+            continue
+        _, _, micro_batch, kind, stage = min(choices)
+        heapq.heappop(ready[rank][kind, stage])
+        starts[kind, stage, micro_batch] = now
+        clock[rank] = now + chunk_cost[kind]
+        orders[rank].append((kind, stage, micro_batch))
+        heapq.heappush(events, (clock[rank], rank))
+        held[rank] += (kind == "forward") - (kind == "weight")
+        if kind == "forward":
+            owing[rank][micro_batch] = owing[rank].get(micro_batch, visits[rank]) - 1
+            if not owing[rank][micro_batch]:
+                del owing[rank][micro_batch]
+        if kind != "weight":  # a W keeps the 1F1B turn
+            after_backward[rank] = kind == "backward"
+        for next_kind, next_stage, _ in _users_of(kind, stage, micro_batch, num_stages):
+            next_rank = rank_of[next_stage]
+            heapq.heappush(ready[next_rank].setdefault((next_kind, next_stage), []), (clock[rank], micro_batch))
+            heapq.heappush(events, (clock[rank], next_rank))
+    if len(starts) < 3 * num_microbatches * num_stages:
+        return None
+    return max(clock), starts, orders
+
+
+def _reschedule(rank_of, starts, chunk_cost, message, limit, reverse):
+    """One pass: a free rank runs the ready computation that began first in the last schedule, but waits for one that
+    began sooner if it comes in before this would end, and takes memory (F's) in the last schedule's order. Reverse:
+    the same on the graph reversed, time running back, the last to end first (a W takes memory, its F gives it back).
+    Returns (span, starts, orders) forwards, or None if it deadlocks."""
+    num_ranks, num_stages = 1 + max(rank_of), len(rank_of)
+    key = {node: -start - chunk_cost[node[0]] if reverse else start for node, start in starts.items()}
+    after, inputs = {node: [] for node in key}, dict.fromkeys(key, 0)  # inputs: how many are still to come
+    for node in key:
+        for made in _users_of(*node, num_stages):
+            after[made if reverse else node].append(node if reverse else made)
+            inputs[node if reverse else made] += 1
+    take, give = ("weight", "forward") if reverse else ("forward", "weight")
+    takers = [[] for _ in range(num_ranks)]  # per rank, the computations that take memory, in the last order
+    for node in sorted((node for node in key if node[0] == take), key=key.get):
+        takers[rank_of[node[1]]].append(node)
+    ready = [[] for _ in range(num_ranks)]  # per rank, a heap of (key, when its inputs are in, computation)
+    parked = set()  # computations whose inputs are in, waiting for their turn to take memory
+    events = []  # (when, rank): a rank to look at then
+    arrival = dict.fromkeys(key, 0.0)  # when each computation's last input is in
+    clock = [0.0] * num_ranks  # when each rank is free
+    held = [0] * num_ranks  # memory each rank holds, counted in the direction of the pass
+    taken = [0] * num_ranks  # how many of its takers each rank has run
+    times, orders = {}, [[] for _ in range(num_ranks)]  # what the pass returns
+
+    def arrive(node):
+        """Its inputs are in: to its rank's heap, or parked while it is not the next to take memory."""
+        rank = rank_of[node[1]]
+        if node[0] == take and takers[rank][taken[rank]] != node:
+            parked.add(node)
+        else:
+            heapq.heappush(ready[rank], (key[node], arrival[node], node))
+            heapq.heappush(events, (arrival[node], rank))
+
+    for node in key:
+        if not inputs[node]:
+            arrive(node)
+    while events:
+        now, rank = heapq.heappop(events)
+        if clock[rank] > now:
+            continue
+        skipped, pick, sooner = [], None, None
+        while ready[rank] and pick is None:
+            skipped.append(heapq.heappop(ready[rank]))
+            _, when, node = skipped[-1]
+            if node[0] == take and held[rank] == limit:
+                continue
+            if when <= now:
+                pick = skipped.pop()
+            elif sooner is None:
+                sooner = when  # it began sooner last time
+        for item in skipped:
+            heapq.heappush(ready[rank], item)
+        if pick is None:
+            continue
+        if sooner is not None and sooner < now + chunk_cost[pick[2][0]]:  # it comes in before pick would end
+            heapq.heappush(ready[rank], pick)
+            heapq.heappush(events, (sooner, rank))
+            continue
+        node = pick[2]
+        times[node] = now
+        clock[rank] = now + chunk_cost[node[0]]
+        orders[rank].append(node)
+        heapq.heappush(events, (clock[rank], rank))
+        held[rank] += (node[0] == take) - (node[0] == give)
+        taken[rank] += node[0] == take
+        if node[0] == take and taken[rank] < len(takers[rank]) and takers[rank][taken[rank]] in parked:
+            parked.remove(takers[rank][taken[rank]])
+            arrive(takers[rank][taken[rank]])
+        for made in after[node]:
+            inputs[made] -= 1
+            arrival[made] = max(arrival[made], clock[rank] + (message if rank_of[made[1]] != rank else 0.0))
+            if not inputs[made]:
+                arrive(made)
+    if len(times) < len(key):
+        return None
+    span = max(clock)
+    if not reverse:
+        return span, times, orders
+    forward_times = {node: span - start - chunk_cost[node[0]] for node, start in times.items()}  # forwards again
+    return span, forward_times, [order[::-1] for order in orders]
+
+
+def _as_tables(orders):
+    """Orders of (kind, stage, micro_batch) as tables of (kind, chunk, micro_batch): stage c n + r is chunk c on
+    the loop, and on the V stage 2n - 1 - r is rank r's chunk 1."""
+    return [[(kind, stage // len(orders), micro_batch) for kind, stage, micro_batch in order] for order in orders]
+
+
+def _each_backward_split(order):
+    """order with each full (or overlapped) backward run as its B, then its W at once."""
+    split = []
+    for kind, chunk, micro_batch in order:
+        if kind in ("full_backward", "overlapped_backward"):
+            split += [("backward", chunk, micro_batch), ("weight", chunk, micro_batch)]
+        else:
+            split.append((kind, chunk, micro_batch))
+    return split
+
+
+def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message):
+    """The fastest table of schedules.py of the placement and chunks that holds at most `limit` (chunk, micro_batch)
+    pairs on any rank, each backward split (a gradient leaves sooner, and an overlapped F&B runs as its F then its B: no
+    table is slower so), replayed: (simulation, tables), or None if none fits."""
+    fastest, seen = None, []
+    for name, (_, where) in schedules.SCHEDULES.items():
+        if where != placement or (not schedules.takes_virtual_stages(name) and num_chunks != 1 + (where == "v")):
+            continue
+        try:
+            tables = schedules.table(name, num_ranks, num_microbatches, num_chunks)
+        except ValueError:  # DualPipeV on one rank
+            continue
+        if tables in seen:  # looped BFS at one chunk is GPipe
+            continue
+        if max(theory.peak_inflight(tables)) > limit:
+            continue
+        seen.append(tables)
+        tables = [_each_backward_split(order) for order in tables]
+        simulation = costs.simulate(tables, placement, num_chunks, cost, message)
+        if fastest is None or simulation.step < fastest[0].step:
+            fastest = simulation, tables
+    return fastest
+
+
+def _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message):
+    """search's table on one placement, and a bound on its step (its replay is no longer): (step, tables), or None
+    if no order was found. It stops as soon as an order takes costs.least_step: none is faster."""
+    rank_of = [0] * num_ranks * num_chunks
+    for rank in range(num_ranks):
+        for chunk in range(num_chunks):
+            rank_of[theory.stage(placement, num_ranks, rank, chunk)] = rank
+    chunk_cost = {kind: cost[kind] / num_chunks for kind in ("forward", "backward", "weight")}
+    least = costs.least_step(placement, num_ranks, num_chunks, num_microbatches, cost, message, limit)
+    best = math.inf, None  # the fastest order met: (step, tables)
+    greedy = _greedy(rank_of, num_microbatches, chunk_cost, limit)
+    if greedy:
+        span, starts, orders = greedy
+        tables = _as_tables(orders)
+        if message:  # the greedy ignored messages: replay its order with them
+            span = costs.simulate(tables, placement, num_chunks, cost, message).step
+        best = span, tables
+        if best[0] > least:
+            best = _shorten(rank_of, starts, chunk_cost, message, limit, best)
+    fastest = None if best[0] <= least else _fastest_table(num_ranks, num_microbatches, placement, num_chunks,
+                                                            cost, limit, message)
+    if fastest and fastest[0].step < best[0]:  # a table that fits is faster: go on from it
+        simulation, tables = fastest
+        best = simulation.step, tables
+        starts = {computation: start for computation, (start, _) in simulation.spans.items()}
+        if best[0] > least:
+            best = _shorten(rank_of, starts, chunk_cost, message, limit, best)
+    return None if best[1] is None else best
+
+
+def _shorten(rank_of, starts, chunk_cost, message, limit, best):
+    """best, (step, tables), or an order faster still from a pass backwards from these starts or the pass forwards
+    from its result (_reschedule)."""
+    for reverse in (True, False):
+        result = _reschedule(rank_of, starts, chunk_cost, message, limit, reverse)
+        if result is None:
+            break
+        span, starts, orders = result
+        if span < best[0]:
+            best = span, _as_tables(orders)
+    return best
+
+
+def _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory):
+    """The (chunk, micro_batch) pairs a rank may hold within `memory` micro-batches of a stage, or one sentence."""
+    schedules.check_counts(num_ranks, num_microbatches, num_chunks)
+    if placement not in ("loop", "v"):
+        raise ValueError(f"placement is {placement!r}: pass 'loop' (one chunk a rank) or 'v' (two).")
+    if placement == "v" and num_chunks != 2:
+        raise ValueError(f"num_chunks is {num_chunks}: the V holds 2 chunks a rank.")
+    if not memory >= 1:
+        raise ValueError(f"memory is {memory!r}: no schedule runs in less than 1 micro-batch of a stage a rank.")
+    return int(min(memory, num_microbatches) * num_chunks + 1e-9)
+
+
+def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, num_chunks=None):
+    """A table found, not written, in the spirit of the zero-bubble paper: each rank's forward, backward and weight
+    computations (every backward split) for num_ranks ranks placed "loop" (num_chunks a rank, 1 unless given) or
+    "v" (two), at a stage's costs {"forward": F, "backward": B, "weight": W} (a chunk's: a 1/num_chunks share) and a
+    tensor's `message` time between ranks. memory: the most activations a rank may hold, in micro-batches of a stage
+    (a chunk's: a 1/num_chunks share), as tools/plan.py counts them. A greedy gives the first order (_greedy), a
+    pass backwards and one forwards (_reschedule) may shorten it; then, if it is faster, the fastest table of
+    schedules.py of the placement and chunks that fits the memory is a start too, rescheduled the same way. The
+    fastest order met is kept: never slower than a table that fits. Any that takes costs.least_step ends the
+    search, since no order is faster. Below memory 1 no schedule runs: a rank holds a micro-batch from F to W."""
+    if num_chunks is None:
+        num_chunks = 2 if placement == "v" else 1
+    limit = _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory)
+    found = _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message)
+    if found is None:
+        raise ValueError(f"no order of {num_chunks} chunks a rank was found within memory {memory}: allow more.")
+    return found[1]
+
+
+def best_search(num_ranks, num_microbatches, cost, memory, message=0.0, num_chunks=1, most_chunks=None):
+    """search on each placement: the loop at one chunk a rank, the loop at num_chunks if more, the V, each if it
+    holds at most most_chunks a rank (a model of L layers holds L // n). The fastest, the first of those on a tie,
+    as tools/plan.py finds it (its --save, 09's --schedule FILE.csv): (placement, chunks, tables). A placement whose
+    costs.least_step is no shorter than a table already found is not searched: it could only tie."""
+    best = None  # (step, placement, chunks, tables)
+    for placement, chunks in [("loop", 1)] + [("loop", num_chunks)] * (num_chunks > 1) + [("v", 2)]:
+        if most_chunks is not None and chunks > most_chunks:
+            continue
+        limit = _pair_limit(num_ranks, num_microbatches, placement, chunks, memory)
+        if best and costs.least_step(placement, num_ranks, chunks, num_microbatches, cost, message, limit) >= best[0]:
+            continue
+        found = _search_placement(num_ranks, num_microbatches, placement, chunks, cost, limit, message)
+        if found and (best is None or found[0] < best[0]):
+            best = found[0], placement, chunks, found[1]
+    if best is None:
+        raise ValueError(f"no order was found within memory {memory}: allow more.")
+    return best[1:]
