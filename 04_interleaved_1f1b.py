@@ -5,10 +5,10 @@ stage, so a micro-batch passes every rank v times and the pipeline fills and dra
 
 Rank r's chunk c is stage c n + r of the n v. The bubble shrinks to (n - 1) / (v m + n - 1), for v times
 the messages; rank 0 keeps up to (v + 1) n - 1 chunks' activations (each 1/v of a stage's), not n stages'.
-Micro-batches go in groups of n through chunk 0, then chunk 1 (F2.1: micro-batch 2 in chunk 1). n = 2, m = 4:
+Micro-batches go in groups of n through chunk 0, then chunk 1 (f2: micro-batch 2 in chunk 1). n = 2, m = 4:
 
-    rank 0  F0.0 F1.0 F0.1 F1.1      F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1      B3.1 B2.0 B3.0
-    rank 1       F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0
+    rank 0  F0 F1 f0 f1 F2 b0 F3 b1 f2 B0 f3 B1    b2    b3 B2 B3
+    rank 1     F0 F1 f0 b0 f1 b1 F2 B0 F3 B1 f2 b2 f3 b3 B2 B3
 """
 
 import torch

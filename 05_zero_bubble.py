@@ -1,17 +1,17 @@
-"""Zero bubble (ZB-H1, Qi et al., ICLR 2024): 1F1B with each backward split in two. B, the
-gradient for the previous stage, which waits for it, runs at once; W, the weight gradients,
+"""Zero bubble (ZB-H1, Qi et al., ICLR 2024): 1F1B with each backward split in two. I, the
+input gradient for the previous stage, which waits for it, runs at once; W, the weight gradients,
 which nobody waits for, is deferred into the slots where 1F1B would sit idle.
 
     torchrun --nproc_per_node=4 05_zero_bubble.py
 
-With F, B and W one unit each, a stage idles n - 1 units of 3m + n - 1 (m >= n), where 1F1B
-idles 3(n - 1): the bubble is (n - 1) / (3m + n - 1). Stage r runs W r micro-batches behind B,
+With F, I and W one unit each, a stage idles n - 1 units of 3m + n - 1 (m >= n), where 1F1B
+idles 3(n - 1): the bubble is (n - 1) / (3m + n - 1). Stage r runs W r micro-batches behind I,
 which keeps min(n, m) micro-batches in flight on every stage, from F to W.
 
-    rank 0  F0 F1 F2 F3          B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
-    rank 1     F0 F1 F2       B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7
-    rank 2        F0 F1    B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 F6 B5 W3 F7 B6 W4 B7 W5 W6 W7
-    rank 3           F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7
+    rank 0  F0 F1 F2 F3          I0 W0 F4 I1 W1 F5 I2 W2 F6 I3 W3 F7 I4 W4 I5 W5 I6 W6 I7 W7
+    rank 1     F0 F1 F2       I0 F3 I1 W0 F4 I2 W1 F5 I3 W2 F6 I4 W3 F7 I5 W4 I6 W5 I7 W6 W7
+    rank 2        F0 F1    I0 F2 I1 F3 I2 W0 F4 I3 W1 F5 I4 W2 F6 I5 W3 F7 I6 W4 I7 W5 W6 W7
+    rank 3           F0 I0 F1 I1 F2 I2 F3 I3 W0 F4 I4 W1 F5 I5 W2 F6 I6 W3 F7 I7 W4 W5 W6 W7
 """
 
 import torch

@@ -1,14 +1,14 @@
-"""ZB-V (Qi et al., NeurIPS 2024; PyTorch's ScheduleZBVZeroBubble): zero bubble's B and W on two model
+"""ZB-V (Qi et al., NeurIPS 2024; PyTorch's ScheduleZBVZeroBubble): zero bubble's I and W on two model
 chunks per rank, placed as a V: rank r holds stages r and 2n - 1 - r, so the loss sits on rank 0.
 
     torchrun --nproc_per_node=4 06_zbv.py
 
-At one unit per F, B and W the bubble is (n - 1) / (6m + n - 1) (m >= (3n - 1) / 2), half of ZB-H1's; rank
+At one unit per F, I and W the bubble is (n - 1) / (6m + n - 1) (m >= (3n - 1) / 2), half of ZB-H1's; rank
 r keeps min(2n - r - 1, m) + min(r + 1, m) half-stage chunks in flight. f3: micro-batch 3 in chunk 1 (n = 3, m = 5).
 
-    rank 0  F0 F1 F2 F3 F4 f0 b0 w0 f1 b1 w1 f2 b2 w2 B0 W0 f3 b3 w3 B1 W1 f4 b4 w4 B2 W2 B3 W3 B4 W4
-    rank 1     F0 F1 F2 f0 F3 f1 b0 w0 f2 b1 w1 F4 B0 W0 f3 b2 w2 B1 W1 f4 b3 w3 B2 b4 B3 W2 B4 W3 w4 W4
-    rank 2        F0 f0 F1 f1 F2 f2 b0 w0 F3 B0 W0 f3 b1 w1 F4 B1 W1 f4 b2 w2 B2 b3 B3 b4 B4 W2 w3 w4 W3 W4
+    rank 0  F0 F1 F2 F3 F4 f0 i0 w0 f1 i1 w1 f2 i2 w2 I0 W0 f3 i3 w3 I1 W1 f4 i4 w4 I2 W2 I3 W3 I4 W4
+    rank 1     F0 F1 F2 f0 F3 f1 i0 w0 f2 i1 w1 F4 I0 W0 f3 i2 w2 I1 W1 f4 i3 w3 I2 i4 I3 W2 I4 W3 w4 W4
+    rank 2        F0 f0 F1 f1 F2 f2 i0 w0 F3 I0 W0 f3 i1 w1 F4 I1 W1 f4 i2 w2 I2 i3 I3 i4 I4 W2 w3 w4 W3 W4
 """
 
 import torch

@@ -8,11 +8,12 @@ The world is a grid of d rows of n = world / d stages: rank copy * n + stage. A 
 consecutive ranks; the copies of a stage, one in each pipeline, are n ranks apart and sum their
 gradients with an all-reduce (AR). Each stage starts it as soon as its own last backward is done,
 while the stages before it are still in their cool-down: only the first stage's adds to the step.
+Ranks 0-2 are pipeline 0, fed the batch's first half; ranks 3-5 pipeline 1, fed its second half.
 
-    rank 0  F0 F1 F2       B0 F3 B1    B2    B3 AR     pipeline 0: the batch's first half
+    rank 0  F0 F1 F2       B0 F3 B1    B2    B3 AR
     rank 1     F0 F1    B0 F2 B1 F3 B2    B3 AR
     rank 2        F0 B0 F1 B1 F2 B2 F3 B3 AR
-    rank 3  F0 F1 F2       B0 F3 B1    B2    B3 AR     pipeline 1: its second half
+    rank 3  F0 F1 F2       B0 F3 B1    B2    B3 AR
     rank 4     F0 F1    B0 F2 B1 F3 B2    B3 AR
     rank 5        F0 B0 F1 B1 F2 B2 F3 B3 AR
 """

@@ -8,12 +8,13 @@ The world is a grid of d x n x t: rank (copy * n + stage) * t + shard. A stage's
 neighbouring ranks and run its schedule in step: each forward and backward holds their all-reduces (TP),
 one for each pair of blocks each way, and each shard sends the whole activation to its counterpart in
 the next stage. The copies of a stage, one in each pipeline, are n t ranks apart and sum their
-gradients with an all-reduce (AR), which only the first stage's adds to the step.
+gradients with an all-reduce (AR), which only the first stage's adds to the step. Ranks 0-5 are
+pipelines 0 and 1 (a pipeline of each shard), fed the batch's first half; ranks 6-11 its second half.
 
-    ranks 0, 1    F0 F1 F2       B0 F3 B1    B2    B3 AR     pipelines 0 and 1: the batch's first half
+    ranks 0, 1    F0 F1 F2       B0 F3 B1    B2    B3 AR
     ranks 2, 3       F0 F1    B0 F2 B1 F3 B2    B3 AR
     ranks 4, 5          F0 B0 F1 B1 F2 B2 F3 B3 AR
-    ranks 6, 7    F0 F1 F2       B0 F3 B1    B2    B3 AR     pipelines 2 and 3: its second half
+    ranks 6, 7    F0 F1 F2       B0 F3 B1    B2    B3 AR
     ranks 8, 9       F0 F1    B0 F2 B1 F3 B2    B3 AR
     ranks 10, 11        F0 B0 F1 B1 F2 B2 F3 B3 AR
 """

@@ -6,12 +6,12 @@ that returns each rank's computations, (kind, chunk, micro_batch); the loop belo
     python tools/plan.py --stages 4 --micro-batches 8 --costs 1,2,1 --save plan.csv  # a table found for the costs
     torchrun --nproc_per_node=4 09_any_schedule.py --schedule plan.csv --micro-batches 8
 
-A full backward (GPipe, 1F1B, DualPipeV) runs its B, then its W at once; the theory counts it two units. In
+A full backward B (GPipe, 1F1B, DualPipeV) runs its I, then its W at once; the theory counts it two units. In
 DualPipeV a forward and the full backward after it may be one step ([ ]): both inputs are in before it begins,
-and both results leave together at its end. n = 2, m = 5, f/b/w: chunk 1, BW: a full backward, replayed:
+and both results leave together at its end. n = 2, m = 5, small letters chunk 1, replayed (tools/draw.py):
 
-    rank 0  F0 F1 F2 f0 b0 w0 f1[F3 bw1]    [f2 BW0] [F4 bw2] [f3 BW1]  bw3     [f4 BW2]  bw4   B3 W3 B4 W4
-    rank 1     F0 f0 F1 f1 F2 bw0  [f2 BW0] [F3 bw1] [f3 BW1] [F4 bw2] [f4 BW2]  bw3   BW3      b4 B4 w4 W4
+    rank 0  F0 F1 F2 f0 i0 w0 f1[F3 b1]     [f2 B0]  [F4 b2]  [f3 B1]   b3      [f4 B2]   b4    I3 W3 I4 W4
+    rank 1     F0 f0 F1 f1 F2 b0   [f2 B0]  [F3 b1]  [f3 B1]  [F4 b2]  [f4 B2]   b3    B3       i4 I4 w4 W4
 """
 
 import torch

@@ -292,9 +292,9 @@ def load(schedule, num_ranks, num_microbatches, num_chunks=None):
                              "start as many, and pass that --virtual-stages or none.")
         return found
     takes_chunks = takes_virtual_stages(schedule)  # a name we have, or a sentence
-    if num_chunks is not None and not takes_chunks:
-        raise ValueError("it places its own chunks (one a rank, or two as a V): leave --virtual-stages out.")
     placement = SCHEDULES[schedule][1]
-    if num_chunks is None:
-        num_chunks = 2 if takes_chunks or placement == "v" else 1
+    own = 2 if placement == "v" else 1  # the chunks a rank holds where the schedule takes no count
+    if num_chunks not in (None, own) and not takes_chunks:
+        raise ValueError(f"it places {own} chunk(s) a rank: pass that --virtual-stages or none.")
+    num_chunks = (2 if takes_chunks else own) if num_chunks is None else num_chunks
     return Schedule(placement, num_chunks, table(schedule, num_ranks, num_microbatches, num_chunks))

@@ -11,11 +11,15 @@ FILLS = {"forward": "-", "backward": "=", "weight": "~", "allreduce": "+", TP: "
 COLOURS = {"forward": "#4e79a7", "backward": "#59a14f", "weight": "#f28e2b", "allreduce": "#9c9c9c", TP: "#e15759"}
 
 
-def _label(span, chunks):
-    """F3, B3.1 (micro-batch 3, model chunk 1), W3; AR for the gradient all-reduce, TP for 08's."""
+def _label(span, num_chunks, split):
+    """PyTorch's letters, as tools/draw.py draws a table: F3 (micro-batch 3), B3 a full backward, or I3 and W3 where
+    the run splits it (split); a rank's second chunk of two in small letters (f3), with more chunks .c after the
+    micro-batch (F3.2); AR for the gradient all-reduce, TP for 08's."""
     if span.kind not in COMPUTE:
         return LETTERS[span.kind]
-    return f"{LETTERS[span.kind]}{span.micro_batch}" + (f".{span.chunk}" if chunks else "")
+    letter = "I" if span.kind == "backward" and split else LETTERS[span.kind]
+    letter = letter.lower() if num_chunks == 2 and span.chunk == 1 else letter
+    return f"{letter}{span.micro_batch}" + (f".{span.chunk}" if num_chunks > 2 else "")
 
 
 def _last_step(spans):
@@ -26,15 +30,16 @@ def _last_step(spans):
     return step, rows, start, max(span.end for row in rows for span in row) - start
 
 
-def timeline(spans, chunks):
-    """The last recorded step as text. spans: each rank's; chunks: label spans with their model chunk."""
+def timeline(spans, num_chunks):
+    """The last recorded step as text. spans: each rank's; num_chunks: the model chunks a rank holds."""
     step, rows, start, length = _last_step(spans)
     width = max(40, shutil.get_terminal_size().columns - 10)
     kinds = {span.kind for row in rows for span in row}
-    legend = "F forward, B backward" + (", W weight gradient" if "weight" in kinds else "")
+    split = "weight" in kinds
+    legend = "F forward, " + ("I input gradient, W weight gradient" if split else "B backward")
     legend += (", AR gradient all-reduce" if "allreduce" in kinds else "") + (", # TP in F or B" if TP in kinds else "")
-    lines = [f"timeline of step {step} ({1e3 * length:.1f} ms; {legend}"
-             f"{', .c model chunk c' if chunks else ''}; blank idle):"]
+    chunk_legend = {1: "", 2: ", small letters chunk 1"}.get(num_chunks, ", .c model chunk c")
+    lines = [f"timeline of step {step} ({1e3 * length:.1f} ms; {legend}{chunk_legend}; blank idle):"]
     for rank, row in enumerate(rows):
         line, taken = [" "] * width, 0
         for span in sorted(row, key=lambda span: (span.kind == TP, span.start)):  # TP last, over its F's or B's fill
@@ -44,13 +49,13 @@ def timeline(spans, chunks):
             if span.kind == TP:  # inside its F or B: over the fill, never over a label
                 line[first:last] = [FILLS[TP] if char in "-=" else char for char in line[first:last]]
             else:
-                line[first:last] = (_label(span, chunks) + FILLS[span.kind] * width)[: last - first]
+                line[first:last] = (_label(span, num_chunks, split) + FILLS[span.kind] * width)[: last - first]
                 taken = last
         lines.append(f"rank {rank:2d} |{''.join(line).rstrip()}")
     return "\n".join(lines)
 
 
-def write_svg(path, spans, chunks, summary):
+def write_svg(path, spans, num_chunks, summary):
     """The last recorded step as a picture: a box per computation (and per all-reduce)."""
     step, rows, start, length = _last_step(spans)
     left, width, height = 70, max(960, 36 * max(len(row) for row in rows)), 26  # room for each box's label
@@ -59,18 +64,20 @@ def write_svg(path, spans, chunks, summary):
     shape = (f"{summary['world_size'] // copies // shards} stages x {copies} copies" if copies > 1
              else f"n = {summary['world_size'] // shards}") + f", t = {shards}" * (shards > 1)
     title = (f"{summary['script']}: {shape}, m = {summary['num_microbatches']}"
-             + (f", v = {summary['virtual_stages']}" if chunks else "")
+             + (f", v = {summary['virtual_stages']}" if num_chunks > 1 else "")
              + (f", --pace {summary['pace_ms']:g}" if summary["pace_ms"] else "")
              + f"; step {step}, {1e3 * length:.0f} ms; bubble of the busiest rank {summary['bubble_busiest']:.3f},"
              f" theory {summary['bubble_theory']:.3f}")
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 10}" '
              f'height="{height * (len(rows) + 1) + 10}" font-family="monospace" font-size="11">',
              f'<rect width="100%" height="100%" fill="white"/><text x="4" y="16">{title}</text>']
+    split = any(span.kind == "weight" for row in rows for span in row)
     for rank, row in enumerate(rows):
         y = height * (rank + 1)
         parts.append(f'<text x="4" y="{y + 17}">rank {rank}</text>')
         for span in sorted(row, key=lambda span: span.kind == TP):  # TP over its F or B
-            x, w, label = scale(span.start), max(1.0, scale(span.end) - scale(span.start)), _label(span, chunks)
+            x, w = scale(span.start), max(1.0, scale(span.end) - scale(span.start))
+            label = _label(span, num_chunks, split)
             parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{height - 6}" '
                          f'fill="{COLOURS[span.kind]}" stroke="white"/>')
             if w > 7 * len(label):  # a label that fits its box

@@ -45,12 +45,12 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
         else:
             summary.update(_per_rank(ranks, measured, len(ranks) // args.data_parallel, expected_inflight))
             _compare(args, summary, ranks, measured)
-            print(pictures.timeline(spans, chunks))
+            print(pictures.timeline(spans, len(stages)))
             print(_table(summary, [rank.layers for rank in ranks]))
         if args.trace:
             pictures.write_trace(args.trace, spans, chunks)
         if args.svg:
-            pictures.write_svg(args.svg, spans, chunks, summary)
+            pictures.write_svg(args.svg, spans, len(stages), summary)
         if args.json:
             print(json.dumps(summary), flush=True)
     finish()

@@ -271,8 +271,8 @@ def test_a_bad_table_file_is_one_sentence(tmp_path, rows, flags, words):
 @pytest.mark.parametrize("ranks,flags,words", [
     (2, ("--schedule", "pipedream"), ("--schedule pipedream", *(f"{name}" for name in NAMES))),
     (0, ("--schedule", "dualpipev"), ("--schedule dualpipev on 1 rank", "start more ranks")),
-    (2, ("--schedule", "1f1b", "--virtual-stages", "2"), ("--schedule 1f1b", "--virtual-stages", "leave it out")),
-    (2, ("--schedule", "zbv", "--virtual-stages", "3"), ("--schedule zbv", "as a V", "leave it out")),
+    (2, ("--schedule", "1f1b", "--virtual-stages", "2"), ("--schedule 1f1b", "places 1 chunk(s) a rank")),
+    (2, ("--schedule", "zbv", "--virtual-stages", "3"), ("--schedule zbv", "places 2 chunk(s) a rank")),
     (2, ("--schedule", "looped-bfs", "--virtual-stages", "4", "--layers", "7"), ("x 4 virtual stages", "--layers 8")),
     (2, ("--schedule", "interleaved-1f1b", "--virtual-stages", "0"), ("--virtual-stages must be at least 1",)),
     (2, ("--schedule", "search"), ("no schedule named 'search'", "gpipe")),

@@ -1,4 +1,4 @@
-"""schedules.py: its tables are PyTorch's orders, draw the pictures of 02-06, and run, for every small layout.
+"""schedules.py: its tables are PyTorch's orders and run, for every small layout, and come back from their CSV.
 
 PyTorch's orders are read without processes: a multi-stage schedule computes every rank's actions when it is built
 (pipeline_order), from stand-in stages that carry only their place; GPipe and 1F1B are run (_step_microbatches) on a
@@ -103,51 +103,6 @@ def test_single_stage_schedules_equal_pytorch(num_ranks):
         pytorch = [forwards + [("full_backward", 0, i) for i in range(m)]] * num_ranks
         assert torch_run(torch_schedules.ScheduleGPipe, num_ranks, m) == pytorch
         assert gpipe(num_ranks, m) == [forwards + [("full_backward", 0, i) for i in reversed(range(m))]] * num_ranks
-
-
-# The pictures in 02-06's docstrings (copied here): F forward, B backward (full unless W's follow), W weight;
-# in 04 i.c is micro-batch i in chunk c; in 06 capitals are chunk 0, small letters chunk 1.
-PICTURES = {
-    ("gpipe", 4, 4, 1): """
-        F0 F1 F2 F3 B3 B2 B1 B0
-        F0 F1 F2 F3 B3 B2 B1 B0
-        F0 F1 F2 F3 B3 B2 B1 B0
-        F0 F1 F2 F3 B3 B2 B1 B0""",
-    ("1f1b", 4, 8, 1): """
-        F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7
-        F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7
-        F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7
-        F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7""",
-    ("interleaved-1f1b", 2, 4, 2): """
-        F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0
-        F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0""",
-    ("zb-h1", 4, 8, 1): """
-        F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7
-        F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7
-        F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 F6 B5 W3 F7 B6 W4 B7 W5 W6 W7
-        F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7""",
-    ("zbv", 3, 5, 2): """
-        F0 F1 F2 F3 F4 f0 b0 w0 f1 b1 w1 f2 b2 w2 B0 W0 f3 b3 w3 B1 W1 f4 b4 w4 B2 W2 B3 W3 B4 W4
-        F0 F1 F2 f0 F3 f1 b0 w0 f2 b1 w1 F4 B0 W0 f3 b2 w2 B1 W1 f4 b3 w3 B2 b4 B3 W2 B4 W3 w4 W4
-        F0 f0 F1 f1 F2 f2 b0 w0 F3 B0 W0 f3 b1 w1 F4 B1 W1 f4 b2 w2 B2 b3 B3 b4 B4 W2 w3 w4 W3 W4""",
-}
-
-
-def read_picture(picture):
-    """Each rank's row of a picture as (kind, chunk, micro_batch) tuples."""
-    orders = []
-    for row in picture.split("\n")[1:]:
-        split = "W" in row.upper()
-        kinds = {"F": "forward", "B": "backward" if split else "full_backward", "W": "weight"}
-        orders.append([(kinds[cell[0].upper()], int(cell.partition(".")[2] or cell[0].islower()),
-                        int(cell[1:].partition(".")[0])) for cell in row.split()])
-    return orders
-
-
-@pytest.mark.parametrize("name, num_ranks, num_microbatches, num_chunks", list(PICTURES))
-def test_tables_draw_the_scripts_pictures(name, num_ranks, num_microbatches, num_chunks):
-    expected = read_picture(PICTURES[name, num_ranks, num_microbatches, num_chunks])
-    assert table(name, num_ranks, num_microbatches, num_chunks) == expected
 
 
 def check_runs(name, num_ranks, num_microbatches, num_chunks):
