@@ -32,7 +32,7 @@ def check_counts(num_ranks, num_microbatches, num_chunks=1):
 
 
 def _split(order, weight_delay):
-    """order with each full (or overlapped) backward split: B in its place, and its W after the weight_delay-th
+    """order with each full (or overlapped) backward split: I in its place, and its W after the weight_delay-th
     backward that follows (those left over at the end), in the slots where the pipeline would otherwise wait."""
     split, waiting = [], []  # W's still to run, oldest first
     for kind, chunk, micro_batch in order:
@@ -130,28 +130,28 @@ def interleaved_1f1b(num_ranks, num_microbatches, num_chunks):
 
 def zb_h1(num_ranks, num_microbatches):
     """05: 1F1B with each backward split, its W run r backwards later on rank r."""
-    # stage r's B's end r slots before stage 0's: its W's fill them
+    # stage r's I's end r slots before stage 0's: its W's fill them
     return [_split(order, rank) for rank, order in enumerate(one_f_one_b(num_ranks, num_microbatches))]
 
 
 def zbv(num_ranks, num_microbatches):
     """06: PyTorch's ZB-V rule, two chunks placed as a V. The rule needs 2n - 1 micro-batches."""
     check_counts(num_ranks, num_microbatches)
-    F0, B0, W0, F1, B1, W1 = [(kind, chunk) for chunk in (0, 1) for kind in ("forward", "backward", "weight")]
+    F0, I0, W0, F1, I1, W1 = [(kind, chunk) for chunk in (0, 1) for kind in ("forward", "backward", "weight")]
     num_microbatches_needed = max(num_microbatches, 2 * num_ranks - 1)
     tables = []
     for rank in range(num_ranks):
         # Warm-up: chunk 0's forwards until micro-batch 0 is back up at chunk 1, then both in turn, then chunk 1's.
-        order = [F0] * (2 * (num_ranks - rank) - 1) + [F1, F0] * rank + [F1, B1, W1] * (num_ranks - rank)
-        # Steady state: F, B and W on chunk 0, then on chunk 1, until chunk 1 has caught up.
+        order = [F0] * (2 * (num_ranks - rank) - 1) + [F1, F0] * rank + [F1, I1, W1] * (num_ranks - rank)
+        # Steady state: F, I and W on chunk 0, then on chunk 1, until chunk 1 has caught up.
         forwards0, forwards1 = order.count(F0), order.count(F1)
         while forwards1 < forwards0 or forwards0 < num_microbatches_needed:
             another = forwards0 < num_microbatches_needed  # chunk 0 has micro-batches left
-            order += [F0] * another + [B0, W0, F1, B1, W1]
+            order += [F0] * another + [I0, W0, F1, I1, W1]
             forwards0, forwards1 = forwards0 + another, forwards1 + 1
         # Cool-down: the backwards left, W's deferred into the slots where the pipeline drains.
-        order += [B0, B1] * rank + [B0, W0] * (num_ranks - rank)
-        order += [W1] * (order.count(B1) - order.count(W1)) + [W0] * (order.count(B0) - order.count(W0))
+        order += [I0, I1] * rank + [I0, W0] * (num_ranks - rank)
+        order += [W1] * (order.count(I1) - order.count(W1)) + [W0] * (order.count(I0) - order.count(W0))
         tables.append(_with_micro_batches(order, num_microbatches))
     return tables
 

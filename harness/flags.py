@@ -35,16 +35,18 @@ def fail(message):
 # The flags more than one program takes (the scripts, tools/plan.py, tools/torch_schedules.py), each declared here
 # once: its add_argument keywords. A help may name {schedules}, which the program fills in.
 FLAGS = {
+    "--stages": dict(type=int, required=True, metavar="N", help="ranks in the pipeline on paper, n"),
     "--micro-batches": dict(type=int, default=8, help="micro-batches each batch is split into, m"),
     "--virtual-stages": dict(type=int, default=2, metavar="V",
-                             help="model chunks per rank: 04, 2 or more; elsewhere, for the schedules that take them "
-                                  "(interleaved-1f1b, looped-bfs, interleaved-zero-bubble; the V's hold 2)"),
+                             help="model chunks per rank: 04's, 2 or more; elsewhere, for the schedules that take a "
+                                  "count (the interleaved and looped ones; the V's hold 2, the others 1)"),
     "--schedule": dict(default="1f1b", metavar="NAME|FILE.csv",
                        help="the table to run: one of {schedules}, or a file in PyTorch's compute_only CSV "
                             "(tools/plan.py --save writes one)"),
-    "--json": dict(action="store_true", help="print JSON lines instead of the text"),
-    "--svg": dict(metavar="FILE", help="draw the timeline as a picture (SVG)"),
-    "--dump-grads": dict(metavar="DIR", help="write each rank's gradients after the first backward"),
+    "--json": dict(action="store_true", help="print the results as JSON, an object a line (plan.py: not its table)"),
+    "--svg": dict(metavar="FILE", help="draw the timeline as a picture (SVG): a run's last step, a plan's table"),
+    "--dump-grads": dict(metavar="DIR", help="write each rank's gradients after the first backward, DIR/rank{{R}}.pt: "
+                                             "parameter name to gradient"),
 }
 
 
@@ -109,7 +111,8 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto, chrome://tracing) of the run")
     add_flags(parser, "--svg")
     add_flags(parser, "--dump-grads")
-    parser.add_argument("--dump-params", metavar="DIR", help="write each rank's parameters after the last step")
+    parser.add_argument("--dump-params", metavar="DIR", help="write each rank's parameters after the last step (08: "
+                        "shard 0 of a stage its whole tensors, the other shards empty files)")
     parser.add_argument("--no-instrument", action="store_true", help="skip the timing and memory hooks (their cost)")
     parser.add_argument("--overhead", action="store_true",
                         help="instrument the even steps only, and compare their time with the odd steps'")

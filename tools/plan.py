@@ -44,8 +44,7 @@ class Row(NamedTuple):
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1])
 parser.error = lambda message: harness.fail(f"{message} (see --help)")  # argparse's own complaints in one line
-parser.add_argument("--stages", type=int, required=True, help="ranks in the pipeline, n")
-harness.flags.add_flags(parser, "--micro-batches", "--virtual-stages")
+harness.flags.add_flags(parser, "--stages", "--micro-batches", "--virtual-stages")
 cost_flags = parser.add_mutually_exclusive_group()
 cost_flags.add_argument("--costs", default="1,1,1", help="a stage's F, B and W times, and a message's between ranks: "
                         "F,B,W[,MSG] (1,1,1)")
