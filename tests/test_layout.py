@@ -62,3 +62,32 @@ def test_no_import_loop():
                 seen.add(module)
                 todo += graph[module]
     assert not [module for module, path in MODULES.items() if "conftest" in imports(path)[0]]
+
+
+LESSON = ["common", "guarantees", "schedules", "theory"]  # what the numbered scripts run or print
+
+
+def test_imports_go_from_the_lab_to_the_lesson():
+    """The lesson's modules and the numbered scripts import no tool and no test, and the harness no schedule nor
+    tool: the harness observes, and the search, the costed replay and the held-bytes model are tools/'s."""
+    scripts = sorted(name for name in os.listdir(HERE) if name[:2].isdigit() and name.endswith(".py"))
+    for path in [MODULES[module] for module in LESSON] + [os.path.join(HERE, name) for name in scripts]:
+        named = imports(path)[0]
+        assert not [module for module in named if module.startswith(("tools", "tests"))], (path, named)
+    for module in [module for module in MODULES if module.startswith("harness")]:
+        named = imports(MODULES[module])[0]
+        assert not named & {"schedules", *[other for other in MODULES if other.startswith("tools")]}, (module, named)
+
+
+def test_no_flag_is_declared_twice():
+    """Every flag the harness or a tool declares, it declares once: shared ones come from harness.flags.FLAGS."""
+    declared = []
+    for module, path in MODULES.items():
+        if module.startswith(("harness", "tools")):
+            tree = ast.parse(open(path).read())
+            declared += [node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                         and getattr(node.func, "attr", None) == "add_argument" and node.args
+                         and isinstance(node.args[0], ast.Constant)]
+            declared += [key.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                         and getattr(node.targets[0], "id", None) == "FLAGS" for key in node.value.keys]
+    assert len(declared) > 20 and len(declared) == len(set(declared)), sorted(declared)
