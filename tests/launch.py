@@ -95,6 +95,16 @@ def two_nodes(script, flags_node0, flags_node1, timeout=120):
     return [(node.returncode, *output) for node, output in zip(nodes, outputs)]
 
 
+# The programs the tests run or put into a script, in files of their own so that ruff checks them.
+PROGRAMS = os.path.join(HERE, "tests", "programs")
+
+
+def program(name):
+    """The text of tests/programs/<name>.py: a snippet for variant to put into a script, or a script to write out."""
+    with open(os.path.join(PROGRAMS, f"{name}.py")) as file:
+        return file.read()
+
+
 # PYTHONPATH: a script variant written elsewhere (a test's mutation) still imports common and harness from here.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": HERE}
 
@@ -126,45 +136,6 @@ def free_port():
 # Every rank imports torch and, at its first optimizer step, torch._dynamo: about 2 s of CPU each, most of a
 # small run's cost. The ranks the tests start themselves are forked from one process that has imported both,
 # and then run their script as `python script.py` would (runpy), with their own environment and output files.
-ZYGOTE = """
-import json, os, runpy, select, sys
-import torch, torch._dynamo, torch.distributed, torch.nn.functional  # noqa: F401
-running = {}  # pid -> the file its exit code goes to
-while True:
-    if select.select([sys.stdin], [], [], 0.02)[0]:
-        request = sys.stdin.readline()
-        if not request:
-            break
-        request = json.loads(request)
-        pid = os.fork()
-        if pid == 0:
-            os.environ.clear()
-            os.environ.update(request["env"])
-            for fd, path in ((0, os.devnull), (1, request["stdout"]), (2, request["stderr"])):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC if fd else os.O_RDONLY), fd)
-            os.chdir(request["cwd"])
-            sys.argv, sys.path[0] = request["argv"], os.path.dirname(os.path.abspath(request["argv"][0]))
-            try:
-                runpy.run_path(sys.argv[0], run_name="__main__")
-                code = 0
-            except SystemExit as stop:
-                code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-            except BaseException:
-                sys.excepthook(*sys.exc_info())
-                code = 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        running[pid] = request["exit"]
-        print(pid, flush=True)
-    while running and (ended := os.waitpid(-1, os.WNOHANG))[0]:
-        exit_file = running.pop(ended[0])
-        with open(exit_file + ".tmp", "w") as file:
-            file.write(str(os.waitstatus_to_exitcode(ended[1])))
-        os.replace(exit_file + ".tmp", exit_file)  # whole, or not there
-for pid in running:  # the session is over: no rank outlives it
-    os.kill(pid, 9)
-"""
 _zygote = []
 
 
@@ -173,8 +144,8 @@ class Forked:
 
     def __init__(self, command, env, stdout, stderr):
         if not _zygote or _zygote[0].poll() is not None:
-            _zygote[:] = [subprocess.Popen([sys.executable, "-u", "-c", ZYGOTE], cwd=HERE, env=ENV, text=True,
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)]
+            _zygote[:] = [subprocess.Popen([sys.executable, "-u", os.path.join(PROGRAMS, "zygote.py")], cwd=HERE,
+                                           env=ENV, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)]
         self.exit = f"{stdout}.exit"
         if os.path.exists(self.exit):  # an earlier run's, in the same folder
             os.remove(self.exit)
@@ -272,25 +243,6 @@ def variant(tmp_path, script, prepend):
     return str(path)
 
 
-# 1F1B's steady state with each pair split into a send, then a receive: the helpers replaced by name.
-SPLIT_PAIRS = """import common
-
-
-def send_forward_recv_backward(micro_batch, output_tensor, recv_micro_batch, shape):
-    common.send_forward(micro_batch, output_tensor)
-    return common.recv_backward(recv_micro_batch, shape)
-
-
-def send_backward_recv_forward(micro_batch, grad_input, recv_micro_batch, shape):
-    common.send_backward(micro_batch, grad_input)
-    return common.recv_forward(recv_micro_batch, shape)
-
-
-common.send_forward_recv_backward = send_forward_recv_backward
-common.send_backward_recv_forward = send_backward_recv_forward
-"""
-
-
 def deadlocks_under_sync_sends(tmp_path, script, prepend, flags):
     """Runs with gloo's own rules (launch checks it exits 0); under --sync-sends, gives up within --timeout
     with one sentence a rank (both neighbours wait, so both may give up before torchrun stops them)."""
@@ -302,25 +254,6 @@ def deadlocks_under_sync_sends(tmp_path, script, prepend, flags):
     assert "[rank" not in result.stderr and "common.py" not in result.stderr, result.stderr
     assert seconds < 30
     return errors
-
-
-# Naive's gradient receive posted before the send of the activation it comes from, which gloo allows.
-EARLY_RECEIVE = """import common
-
-_send_forward, _recv_backward, early = common.send_forward, common.recv_backward, []
-
-
-def send_forward(micro_batch, output_tensor, chunk=0):
-    early.append(common.post(common.Recv(micro_batch, output_tensor.shape, True)))
-    _send_forward(micro_batch, output_tensor, chunk)
-
-
-def recv_backward(micro_batch, shape, chunk=0):
-    return early.pop().wait()[0] if early else _recv_backward(micro_batch, shape, chunk)
-
-
-common.send_forward, common.recv_backward = send_forward, recv_backward
-"""
 
 
 KINDS = {"F": "forward", "I": "backward", "W": "weight", "B": "full_backward"}  # PyTorch's computation types, ours

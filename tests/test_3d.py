@@ -28,6 +28,7 @@ from tests.launch import (
     assert_matches,
     assert_one_sentence,
     case_ids,
+    program,
     run_quietly,
     spoiled,
     start_ranks,
@@ -45,30 +46,6 @@ CASES = [
     (1, 1, 2, 3, ()), (1, 2, 2, 2, SYNC), (2, 2, 2, 3, ()), (1, 3, 2, 2, ()), (2, 1, 2, 4, SYNC), (1, 2, 3, 4, SYNC),
 ]
 IDS = case_ids(CASES, "dp", "pp", "tp", "m")
-# Before the first optimizer step and after each, every rank writes its parameters (the optimizer's order).
-EVERY_STEP = """import os
-import torch
-
-_step, _steps = torch.optim.Adam.step, []
-
-
-def save(self, name):
-    params = [param.detach().clone() for group in self.param_groups for param in group["params"]]
-    torch.save(params, os.path.join({folder!r}, f"{{name}}-rank{{os.environ.get('RANK', '0')}}.pt"))
-
-
-def step(self, *args, **kwargs):
-    if not _steps:
-        save(self, "start")
-    _step(self, *args, **kwargs)
-    save(self, f"step{{len(_steps)}}")
-    _steps.append(len(_steps))
-
-
-torch.optim.Adam.step = step
-"""
-
-
 def grid(runs, copies, stages, shards, micro_batches, *flags, script=SCRIPT):
     return runs(script, copies * stages * shards, *SIZE, "--data-parallel", str(copies), "--tensor-parallel",
                 str(shards), "--micro-batches", str(micro_batches), *flags)
@@ -148,42 +125,13 @@ def test_counts_are_the_formulas(runs, copies, stages, shards, micro_batches, fl
 
 # Three shards, so that an all-reduce adds three numbers, whose order matters, and two copies of one stage.
 EVERY_STEP_GRID = (2, 1, 3, 3)
-# Mutations: the pitfall of a generator seeded by rank, so that no shard holds the baseline's slice; and each
-# shard adding the three partial sums in an order of its own, which stays within 1e-10 of the baseline.
-SEEDED_BY_RANK = """
-import common
-
-_seed_for = common.seed_for
-common.seed_for = lambda seed, *what: _seed_for(seed, *what, *[os.environ["RANK"]] * (what[0] == "layer"))
-"""
-OWN_ORDER = """
-import torch.distributed as dist
-
-_all_reduce = dist.all_reduce
-
-
-class Summed:
-    def wait(self):
-        return True
-
-
-def all_reduce(tensor, group=None, async_op=False):
-    if dist.get_world_size(group) != 3:  # not the shards'
-        return _all_reduce(tensor, group=group, async_op=async_op)
-    parts, me = [torch.empty_like(tensor) for _ in range(3)], dist.get_rank(group)
-    dist.all_gather(parts, tensor, group=group)
-    tensor.copy_(parts[me] + parts[(me + 1) % 3] + parts[(me + 2) % 3])
-    return Summed()
-
-
-dist.all_reduce = all_reduce
-"""
 
 
 def every_step(runs, tmp_path_factory, mutation=""):
     """A run of EVERY_STEP_GRID whose ranks write their parameters at the start and after every step."""
     folder = tmp_path_factory.mktemp("every_step")
-    script = variant(folder, SCRIPT, prepend=EVERY_STEP.format(folder=str(folder)) + mutation)
+    saved = program("save_every_step") + f"save_every_step({str(folder)!r})\n"
+    script = variant(folder, SCRIPT, prepend=saved + mutation)
     return grid(runs, *EVERY_STEP_GRID, script=script), folder
 
 
@@ -228,10 +176,10 @@ def test_whole_parameters_keep_the_same_bits(runs, baseline, tmp_path_factory):
 def test_the_checks_catch_the_pitfalls(runs, baseline, tmp_path_factory):
     """Shards seeded by rank start from no slice of the baseline's; sums in each shard's own order stay within
     1e-10 of the baseline but leave the shards' whole parameters different bits."""
-    _, folder = every_step(runs, tmp_path_factory, SEEDED_BY_RANK)
+    _, folder = every_step(runs, tmp_path_factory, program("seeded_by_rank"))
     with pytest.raises(AssertionError):
         assert_slices_at_the_start(folder)
-    run, folder = every_step(runs, tmp_path_factory, OWN_ORDER)
+    run, folder = every_step(runs, tmp_path_factory, program("sum_in_own_order"))
     assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
     with pytest.raises(AssertionError):
         assert_same_bits_after_every_step(folder)

@@ -15,15 +15,14 @@ import time
 import pytest
 
 from tests.launch import (
-    EARLY_RECEIVE,
     ENV,
     HERE,
     SIZE,
-    SPLIT_PAIRS,
     SYNC,
     assert_one_sentence,
     deadlocks_under_sync_sends,
     pipelined,
+    program,
     run_quietly,
     torchrun,
     two_nodes,
@@ -158,7 +157,8 @@ def test_without_torchrun_says_how_to_start_ranks(runs):
 def test_sync_sends_catches_a_deadlock(tmp_path):
     """Under NCCL's rules two neighbours that both send first wait for each other forever:
     --sync-sends must turn that into the timeout sentence, where gloo's own rules let it pass."""
-    errors = deadlocks_under_sync_sends(tmp_path, "03_1f1b.py", SPLIT_PAIRS, SIZE + ("--micro-batches", "4"))
+    errors = deadlocks_under_sync_sends(tmp_path, "03_1f1b.py", program("split_pairs"),
+                                        SIZE + ("--micro-batches", "4"))
     assert "gave up in send_" in errors[0] and "waiting for rank" in errors[0], errors
 
 
@@ -166,5 +166,5 @@ def test_sync_sends_catches_a_receive_posted_too_early(tmp_path):
     """On NCCL a rank's sends and receives run in the order posted, so a receive posted ahead holds back
     every later send until its tensor arrives: here the activation that the gradient needs, forever.
     gloo lets the send overtake; --sync-sends must not."""
-    errors = deadlocks_under_sync_sends(tmp_path, "01_naive.py", EARLY_RECEIVE, SIZE)
+    errors = deadlocks_under_sync_sends(tmp_path, "01_naive.py", program("early_receive"), SIZE)
     assert any("gave up in recv_backward" in error and "waiting for rank 1" in error for error in errors), errors

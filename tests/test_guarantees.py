@@ -5,14 +5,13 @@ import subprocess
 import sys
 
 from tests.launch import (
-    EARLY_RECEIVE,
     ENV,
     MEMORY,
     SIZE,
-    SPLIT_PAIRS,
     SYNC,
     launch,
     pipelined,
+    program,
     start_ranks,
     torchrun,
     variant,
@@ -41,34 +40,16 @@ def test_release_on_arrival(runs, tmp_path):
 def test_hold_back(tmp_path):
     """Without it, --sync-sends lets two neighbours that both send first run to the end, and a send
     overtake a receive posted before it."""
-    for script, prepend, flags in (("03_1f1b.py", SPLIT_PAIRS, ("--micro-batches", "4")),
-                                   ("01_naive.py", EARLY_RECEIVE, ())):
+    for script, prepend, flags in (("03_1f1b.py", program("split_pairs"), ("--micro-batches", "4")),
+                                   ("01_naive.py", program("early_receive"), ())):
         launch(tmp_path, variant(tmp_path, script, prepend + without("hold_back")), 2, *SIZE, *flags, *SYNC,
                "--timeout", "5")  # exits 0
 
 
-# Rank 0 sends micro-batches 0 and 1 in one group; rank 1 posts its receives of them the other way round.
-MISORDERED = '''"""Two receives posted in the other order than their sends."""
-import torch
-import common
-import harness
-
-args = harness.parse_args(__doc__)
-rank, _, _ = common.setup(args)
-first, second = torch.zeros(2, 3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.float64)
-if rank == 0:
-    common.post(common.Send(0, first, False), common.Send(1, second, False))
-else:
-    one, zero = common.post(common.Recv(1, first.shape, False), common.Recv(0, first.shape, False)).wait()
-    print("matched" if one.sum() == 6 and zero.sum() == 0 else "swapped", flush=True)
-common.wait_for_sends()
-harness.finish()
-'''
-
-
 def receives(tmp_path, *flags, prepend=""):
     path = tmp_path / f"misordered{len(list(tmp_path.glob('misordered*')))}.py"
-    path.write_text(MISORDERED.replace('"""\n', '"""\n' + prepend, 1))  # after the docstring, which --help uses
+    text = program("misordered_receives")
+    path.write_text(text.replace('"""\n', '"""\n' + prepend, 1))  # after the docstring, which --help uses
     out = tmp_path / path.stem
     out.mkdir()
     assert wait_ranks(start_ranks([sys.executable, str(path), *SIZE, *flags], 2, out), 60) == [0, 0]
@@ -96,8 +77,8 @@ def test_stay_local(tmp_path):
 
 def test_wait(tmp_path):
     """Without it, a wait that times out is a traceback, not one sentence naming the rank waited for."""
-    script = variant(tmp_path, "03_1f1b.py", prepend=SPLIT_PAIRS + without("wait", "lambda request, link, verb: "
-                                                                                   "request.wait()"))
+    script = variant(tmp_path, "03_1f1b.py", prepend=program("split_pairs") + without(
+        "wait", "lambda request, link, verb: request.wait()"))
     result = subprocess.run(torchrun(2, script, *SIZE, "--micro-batches", "4", *SYNC, "--timeout", "3"),
                             env=ENV, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "gave up in" not in result.stderr and "Traceback" in result.stderr

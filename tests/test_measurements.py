@@ -3,11 +3,12 @@ the peak in-flight micro-batches on every rank for every equivalence case; activ
 follow them; a stage's activation bytes; the summary's bubble, recomputed from the trace; the trace's spans,
 on one clock, across machines too; the timeline; the printed table, column by column; --overhead; the SVG."""
 
+import os
 import subprocess
 
 import pytest
 
-from tests.launch import CASES, ENV, HERE, MEMORY, SIZE, case_ids, pipelined, torchrun
+from tests.launch import CASES, ENV, MEMORY, PROGRAMS, SIZE, case_ids, pipelined, torchrun
 from theory import one_f_one_b_inflight
 
 ROW_BYTES = 24 * 8  # one sample's activation: hidden 24, float64
@@ -109,28 +110,11 @@ def test_trace_has_a_span_per_micro_batch(runs):
             assert span["ts"] >= previous["ts"] + previous["dur"]
 
 
-# Rank 1 plays a rank on another machine, whose clock reads 1000 s ahead of rank 0's.
-CLOCKS = """
-import os, sys, time
-sys.path.insert(0, {here!r})
-import common, harness
-if os.environ["RANK"] == "1":
-    harness.startup._machine_id = lambda: "another machine"
-    perf_counter = time.perf_counter
-    time.perf_counter = lambda: perf_counter() + 1000.0
-common.setup(harness.parse_args("clocks"))
-with open(os.path.join({out!r}, "offset" + os.environ["RANK"]), "w") as file:
-    file.write(repr(harness.meters.recorder.offset))
-harness.finish()
-"""
-
-
 def test_clock_offset_is_measured_across_machines(tmp_path):
     """A rank posing as another machine, its clock 1000 s ahead, gets its offset measured within 0.05 s."""
-    script = tmp_path / "clocks.py"
-    script.write_text(CLOCKS.format(here=HERE, out=str(tmp_path)))
-    result = subprocess.run(torchrun(3, str(script), "--threads", "1"), env=ENV, capture_output=True, text=True,
-                            timeout=60)
+    script = os.path.join(PROGRAMS, "clock_ahead.py")
+    result = subprocess.run(torchrun(3, script, "--threads", "1"), env={**ENV, "OFFSET_FOLDER": str(tmp_path)},
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
     offsets = [float((tmp_path / f"offset{rank}").read_text()) for rank in range(3)]
     assert offsets[0] == offsets[2] == 0.0  # rank 2 shares rank 0's machine, so its clock

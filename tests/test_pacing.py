@@ -6,7 +6,7 @@ need not must miss it; and the count of sends posted before their receive must b
 import pytest
 
 import schedules
-from tests.launch import EXACT, SYNC, assert_close, case_ids, pipelined, size, spoiled, variant
+from tests.launch import EXACT, SYNC, assert_close, case_ids, pipelined, program, size, spoiled, variant
 from theory import bubbles, stage
 
 PACE = ("--pace", "50")
@@ -62,27 +62,8 @@ def test_paced_bubble_is_the_theory(runs, again, script, world, micro_batches, v
     assert_close(run.grads, runs("00_baseline.py", 0, *size(layers)).grads, EXACT, "paced gradients")
 
 
-# 05 running each W after the pair it should overlap has arrived (every group waited for as soon as it is
-# posted): W no longer fills the wait.
-W_AFTER_THE_PAIR = """import common
-
-_post = common.post
-
-
-class Arrived:
-    def __init__(self, tensors):
-        self.tensors = tensors
-
-    def wait(self):
-        return self.tensors
-
-
-common.post = lambda *operations: Arrived(_post(*operations).wait())
-"""
-
-
 def test_waiting_where_it_need_not_misses_the_theory(runs, tmp_path):
-    slow = variant(tmp_path, "05_zero_bubble.py", prepend=W_AFTER_THE_PAIR)
+    slow = variant(tmp_path, "05_zero_bubble.py", prepend=program("w_after_the_pair"))
     run = paced(runs, "05_zero_bubble.py", 4, 8, 1, 7, (), path=slow)
     assert run.summary["bubble_busiest"] - theory("05_zero_bubble.py", 4, 8) > TOLERANCE
 

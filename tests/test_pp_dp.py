@@ -23,6 +23,7 @@ from tests.launch import (
     assert_close,
     assert_one_sentence,
     case_ids,
+    program,
     start_ranks,
     two_nodes,
     variant,
@@ -87,29 +88,11 @@ def test_copies_hold_the_same_bits(runs, stages, copies, micro_batches, flags):
     assert [run.summary["stage_layers"][rank] for rank in range(stages)] * copies == run.summary["stage_layers"]
 
 
-# After every optimizer step, each rank writes its parameters (in the optimizer's order) to a file of its own.
-EVERY_STEP = """import os
-import torch
-
-_step, _steps = torch.optim.Adam.step, []
-
-
-def step(self, *args, **kwargs):
-    _step(self, *args, **kwargs)
-    params = [param.detach().clone() for group in self.param_groups for param in group["params"]]
-    torch.save(params, os.path.join({folder!r}, f"step{{len(_steps)}}-rank{{os.environ.get('RANK', '0')}}.pt"))
-    _steps.append(len(_steps))
-
-
-torch.optim.Adam.step = step
-"""
-
-
 def test_copies_hold_the_same_bits_after_every_step(runs, baseline, tmp_path_factory):
     """Three copies of a one-stage pipeline, so that an all-reduce adds three numbers, whose order
     matters; each rank writes its parameters after every step."""
     folder = tmp_path_factory.mktemp("every_step")
-    script = variant(folder, SCRIPT, prepend=EVERY_STEP.format(folder=str(folder)))
+    script = variant(folder, SCRIPT, prepend=program("save_every_step") + f"save_every_step({str(folder)!r})\n")
     run = runs(script, 3, *SIZE, "--data-parallel", "3", "--micro-batches", "3")
     assert_close(run.params, baseline.params, EXACT, "parameters after the last step")
     for step in range(3):

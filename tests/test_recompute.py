@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import schedules
-from tests.launch import MEMORY, assert_matches, case_ids, launch, pipelined, size, variant
+from tests.launch import MEMORY, assert_matches, case_ids, launch, pipelined, program, size, variant
 from tools.held import held_count, held_theory
 
 RECOMPUTE = ("--recompute",)
@@ -85,20 +85,10 @@ def test_recompute_halves_1f1bs_largest_rank(runs):
     assert max(recomputed["peak_held_bytes"]) <= 0.5 * max(plain["peak_held_bytes"])
 
 
-# 05's hooks noting each Linear's input in the first forward too (under no_grad, where there is no edge to note),
-# as a hook that keeps W's inputs from F would: each input is then kept from F, and every activation with it.
-KEEP_FIRST_FORWARD = """import torch
-
-_get_gradient_edge = torch.autograd.graph.get_gradient_edge
-torch.is_grad_enabled = lambda: True
-torch.autograd.graph.get_gradient_edge = lambda tensor: _get_gradient_edge(tensor) if tensor.requires_grad else None
-"""
-
-
 def test_keeping_the_first_forwards_linear_inputs_fails_the_theory(tmp_path):
     """The held-bytes theory of 05 with the flag is what catches W's inputs noted in F instead of in B's
     recomputation: every rank then holds more, most those with micro-batches waiting for their B."""
-    script = variant(tmp_path, "05_zero_bubble.py", prepend=KEEP_FIRST_FORWARD)
+    script = variant(tmp_path, "05_zero_bubble.py", prepend=program("keep_first_forward"))
     broken = launch(tmp_path, script, WORLD, *MEMORY, "--micro-batches", str(M), *RECOMPUTE).summary
     theory = held_theory("05_zero_bubble.py", WORLD, M, LAYERS // WORLD, ROWS, HIDDEN, recompute=True)
     excess = [held / UNIT - units for held, units in zip(broken["peak_held_bytes"], theory)]

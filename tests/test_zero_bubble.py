@@ -6,7 +6,7 @@ import json
 import pytest
 
 import schedules
-from tests.launch import MEMORY, SIZE, SYNC, assert_matches, case_ids, launch, pipelined, variant
+from tests.launch import MEMORY, SIZE, SYNC, assert_matches, case_ids, launch, pipelined, program, variant
 
 SCRIPT = "05_zero_bubble.py"
 
@@ -61,38 +61,10 @@ def test_held_bytes_are_the_theory(runs):
         assert theory <= held <= theory + 3 * unit, (rank, held / unit, theory / unit)
 
 
-# Counts the floating-point operations of matrix products inside each recorded span, per kind, and
-# writes them to flops<rank>.json in the folder the test names; W's addmm_ is counted like addmm.
-COUNT_FLOPS = '''"""Counts each span's matrix products."""
-import contextlib, json, os
-import torch
-from torch.utils.flop_counter import FlopCounterMode
-import harness
-_record, _report, _flops = harness.record, harness.report, {{}}
-_addmm_ = {{torch.ops.aten.addmm_: lambda bias, a, b, out_shape=None, **kwargs: 2 * a[0] * a[1] * b[1]}}
-
-
-@contextlib.contextmanager
-def _counted(kind, micro_batch, chunk=0):
-    with _record(kind, micro_batch, chunk), FlopCounterMode(display=False, custom_mapping=_addmm_) as counter:
-        yield
-    _flops[kind] = _flops.get(kind, 0) + counter.get_total_flops()
-
-
-def _write(*args, **kwargs):
-    with open(os.path.join({out!r}, "flops" + os.environ.get("RANK", "0") + ".json"), "w") as file:
-        json.dump(_flops, file)
-    _report(*args, **kwargs)
-
-
-harness.record, harness.report = _counted, _write
-'''
-
-
 def flops(tmp_path, script, world, micro_batches):
     out = tmp_path / script
     out.mkdir()
-    path = variant(out, script, prepend=COUNT_FLOPS.format(out=str(out)))
+    path = variant(out, script, prepend=program("count_flops") + f"count_flops({str(out)!r})\n")
     launch(out, path, world, *SIZE, "--micro-batches", str(micro_batches))
     return [json.loads((out / f"flops{rank}.json").read_text()) for rank in range(world)]
 
