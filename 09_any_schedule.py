@@ -8,7 +8,8 @@ that returns each rank's computations, (kind, chunk, micro_batch); the loop belo
 
 A full backward B (GPipe, 1F1B, DualPipeV) runs its I, then its W at once; the theory counts it two units. In
 DualPipeV a forward and the full backward after it may be one step ([ ]): both inputs are in before it begins,
-and both results leave together at its end. n = 2, m = 5, small letters chunk 1, replayed (tools/draw.py):
+and both results leave together at its end. n = 2, m = 5, small letters chunk 1, replayed (python tools/draw.py
+--schedule dualpipev --stages 2 --micro-batches 5 --full-backward-units 2):
 
     rank 0  F0 F1 F2 f0 i0 w0 f1[F3 b1]     [f2 B0]  [F4 b2]  [f3 B1]   b3      [f4 B2]   b4    I3 W3 I4 W4
     rank 1     F0 f0 F1 f1 F2 b0   [f2 B0]  [F3 b1]  [f3 B1]  [F4 b2]  [f4 B2]   b3    B3       i4 I4 w4 W4
@@ -35,8 +36,8 @@ from theory import busiest_bubble, peak_inflight
 
 args = parse_args(__doc__, micro_batches=True, schedules=schedules)
 rank, num_ranks, device = setup(args, placement=args.placement)  # "loop" or "v", as the schedule places its chunks
-num_chunks = args.virtual_stages  # 2 on the V; on the loop, 1 or --virtual-stages
-tables = schedules.load(args.schedule, num_ranks, args.micro_batches, num_chunks).tables  # a name, or a file
+num_chunks = args.virtual_stages  # 2 on the V; on the loop, 1 or --virtual-stages; a file's own
+tables = schedules.load(args.schedule, num_ranks, args.micro_batches, num_chunks).tables  # as parse_args checked it
 # this rank's layers only: chunk c is stage c n + rank ("loop"), or rank and 2n - 1 - rank ("v")
 stages = [build_stage(args, stage_of(rank, chunk), num_ranks * num_chunks, device) for chunk in range(num_chunks)]
 optimizer = torch.optim.Adam([param for stage in stages for param in stage.parameters()], lr=args.lr)

@@ -7,11 +7,9 @@ lists of (kind, chunk, micro_batch) tuples, plain Python to draw, replay and com
     chunk    which of the rank's model chunks, placed as SCHEDULES says: "loop", chunk c of rank r is stage
              c n + r of the n v; or "v", rank r holds stages r (chunk 0) and 2n - 1 - r (chunk 1)
 
-Each takes n >= 1 ranks (DualPipeV 2), m >= 1 micro-batches, v >= 1 chunks. A rule that needs more micro-batches
-than m (04's groups of n, ZB-V's 2n - 1, DualPipeV's 2n, PyTorch's rounds) runs for as many and leaves out the
-entries past m (holes). table("1f1b", 4, 8)[0] is rank 0's [("forward", 0, 0), ("forward", 0, 1), ...].
-A table is a file too (load): PyTorch's compute_only CSV, a row per rank, a cell per action (its stage, letter and
-micro-batch: 0F3, 5I2, 5W2, 2B0; (2F4;3B2)OVERLAP_F_B an overlapped step).
+Each takes n >= 1 ranks (DualPipeV 2), m >= 1 micro-batches, v >= 1 chunks; a rule that needs more micro-batches
+than m (04's groups of n, ZB-V's 2n - 1, DualPipeV's 2n, PyTorch's rounds) runs for as many, leaving out the rest.
+A table is a file too, in PyTorch's compute_only CSV (from_csv; load, 09's --schedule, takes a name or a file).
 """
 
 import collections
@@ -232,7 +230,8 @@ def table(name, num_ranks, num_microbatches, num_chunks=2):
     return SCHEDULES[name][0](num_ranks, num_microbatches, *chunks)
 
 
-LETTERS = {"forward": "F", "backward": "I", "weight": "W", "full_backward": "B"}  # PyTorch's, for our kinds
+LETTERS = {"forward": "F", "backward": "I", "weight": "W", "full_backward": "B", "overlapped_backward": "B"}
+KINDS = {"F": "forward", "I": "backward", "W": "weight", "B": "full_backward"}  # a CSV cell's letter: our kind
 Schedule = collections.namedtuple("Schedule", "placement num_chunks tables")  # a table, and where its chunks sit
 
 
@@ -243,39 +242,40 @@ def _actions(rank, cell):
     if None in parts or (pair and [part[2] for part in parts] != ["F", "B"]):
         raise ValueError(f"rank {rank}'s cell {cell!r} is no compute action: write the stage, F, I, W or B and the "
                          "micro-batch (0F3), or (0F3;1B2)OVERLAP_F_B for an overlapped F&B step.")
-    kinds = ["forward", "overlapped_backward"] if pair else [kind for kind in LETTERS if LETTERS[kind] == parts[0][2]]
+    kinds = ["forward", "overlapped_backward"] if pair else [KINDS[parts[0][2]]]
     return [(kind, int(part[1]), int(part[3])) for kind, part in zip(kinds, parts)]
 
 
 def from_csv(text, num_microbatches):
-    """A Schedule from PyTorch's compute_only CSV, placed as its rows' stages say; or one sentence for a cell that is
-    no action, stages neither the loop nor the V, a computation missing or twice, or one waiting forever."""
+    """A Schedule from PyTorch's compute_only CSV, placed as its rows' stages say; or one sentence on what is wrong."""
     rows = [[cell.strip() for cell in row if cell.strip()] for row in csv.reader(text.splitlines())]
+    if not rows or [] in rows:
+        raise ValueError("it has no rows, or an empty one: write a row of actions for each rank.")
     actions = [[action for cell in row for action in _actions(rank, cell)] for rank, row in enumerate(rows)]
-    held = [sorted({stage for _, stage, _ in order}) for order in actions]  # the stages each rank holds
-    num_ranks, num_chunks = len(rows), max((len(stages) for stages in held), default=0)
-    placed = {where: [[theory.stage(where, num_ranks, rank, chunk) for chunk in range(num_chunks)] for rank in
-                      range(num_ranks)] for where in ("loop", "v")[:1 + (num_chunks == 2)]}  # the V holds 2
-    placement = next((where for where, stages in placed.items() if num_chunks and stages == held), None)  # both rise
+    held = [sorted({stage for _, stage, _ in order}) for order in actions]  # the stages each rank holds, rising
+    num_ranks, num_chunks = len(rows), max(len(stages) for stages in held)
+    placed = {where: [[theory.stage(where, num_ranks, rank, chunk) for chunk in range(num_chunks)]
+                      for rank in range(num_ranks)] for where in ("loop", "v") if where == "loop" or num_chunks == 2}
+    placement = next((where for where, stages in placed.items() if stages == held), None)  # the V holds two chunks
     if placement is None:
         raise ValueError(f"its rows hold stages {held}: 09 runs stages 0 to n v - 1 placed as the loop (rank r holds "
                          "r, r + n, r + 2n, ...) or the V (rank r holds r and 2n - 1 - r).")
     counts = collections.Counter(action for order in actions for action in order)
-    num_run = max([num_microbatches] + [1 + micro_batch for _, _, micro_batch in counts])  # those past m too
-    for stage, i in itertools.product(range(num_ranks * num_chunks), range(num_run)):
-        once = (1, 1, counts["backward", stage, i]) if i < num_microbatches else (0, 0, 0)  # an F; an I and W, or B
-        backwards = sum(counts[kind, stage, i] for kind in theory.BACKWARDS)
-        if (counts["forward", stage, i], backwards, counts["weight", stage, i]) != once:
-            fault = "not once as F, then I and W, or B" if once[0] else f"past --micro-batches {num_microbatches}"
-            raise ValueError(f"stage {stage} runs micro-batch {i} {fault}: pass a table that runs each of 0 to m - 1 "
-                             "once so, and --micro-batches m.")
+    num_run = 1 + max(micro_batch for _, _, micro_batch in counts)
+    if num_run != num_microbatches:
+        raise ValueError(f"it runs micro-batches 0 to {num_run - 1}: pass --micro-batches {num_run}.")
+    for stage, i in itertools.product(range(num_ranks * num_chunks), range(num_microbatches)):
+        forwards, weights = counts["forward", stage, i], counts["weight", stage, i]
+        backwards = sum(counts[kind, stage, i] for kind in theory.BACKWARDS)  # I, B or an overlapped B
+        if (forwards, backwards, weights) != (1, 1, counts["backward", stage, i]):
+            raise ValueError(f"stage {stage} runs micro-batch {i}'s F, I or B, and W {forwards}, {backwards} and "
+                             f"{weights} times: run F and then I or B once, and a W after an I.")
     tables = [[(kind, stage // num_ranks, i) for kind, stage, i in order] for order in actions]  # either placement
-    spans = theory.replay(tables, lambda rank, chunk: placed[placement][rank][chunk], num_ranks * num_chunks)
+    spans = theory.replay(tables, lambda rank, chunk: held[rank][chunk], num_ranks * num_chunks)
     stuck = [(rank, action) for rank, order in enumerate(actions) for action in order if action not in spans]
     if stuck:
         rank, (kind, stage, i) = stuck[0]
-        raise ValueError(f"rank {rank}'s {stage}{LETTERS.get(kind, 'B')}{i} waits for an input no rank makes before "
-                         "it: the table can never finish.")
+        raise ValueError(f"rank {rank} waits forever at {stage}{LETTERS[kind]}{i}'s step: its input is made after it.")
     return Schedule(placement, num_chunks, tables)
 
 
@@ -286,7 +286,7 @@ def load(schedule, num_ranks, num_microbatches, num_chunks=None):
         try:
             found = from_csv(pathlib.Path(schedule).read_text(), num_microbatches)
         except OSError as error:
-            raise ValueError(f"cannot read it ({error.strerror}).") from None
+            raise ValueError(f"cannot read it ({error.strerror}): pass a compute_only CSV, as plan.py --save writes.")
         if num_chunks not in (None, found.num_chunks) or len(found.tables) != num_ranks:
             raise ValueError(f"the file places {found.num_chunks} chunk(s) a rank on {len(found.tables)} rank(s): "
                              "start as many, and pass that --virtual-stages or none.")

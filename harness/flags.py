@@ -38,8 +38,8 @@ FLAGS = {
     "--stages": dict(type=int, required=True, metavar="N", help="ranks in the pipeline on paper, n"),
     "--micro-batches": dict(type=int, default=8, help="micro-batches each batch is split into, m"),
     "--virtual-stages": dict(type=int, default=2, metavar="V",
-                             help="model chunks per rank: 04's, 2 or more; elsewhere, for the schedules that take a "
-                                  "count (the interleaved and looped ones; the V's hold 2, the others 1)"),
+                             help="model chunks per rank (04: 2 or more); for a schedule, where it takes a count "
+                                  "(the interleaved and looped ones), else the table's own (the V's 2, others 1)"),
     "--schedule": dict(default="1f1b", metavar="NAME|FILE.csv",
                        help="the table to run: one of {schedules}, or a file in PyTorch's compute_only CSV "
                             "(tools/plan.py --save writes one)"),
@@ -127,10 +127,11 @@ def _check_schedule(args, schedules):
     """09: a table the layout can run, by name or from a file (schedules.load). Sets args.placement and
     args.virtual_stages, the model chunks a rank holds."""
     num_ranks = int(os.environ.get("WORLD_SIZE", 1))
-    if args.virtual_stages is not None and args.virtual_stages < 1:
-        fail(f"--virtual-stages must be at least 1, not {args.virtual_stages}.")
+    for flag, value in (("--micro-batches", args.micro_batches), ("--virtual-stages", args.virtual_stages)):
+        if value is not None and value < 1:  # before the table is made for them
+            fail(f"{flag} must be at least 1, not {value}.")
     try:
-        found = schedules.load(args.schedule, num_ranks, max(1, args.micro_batches), args.virtual_stages)
+        found = schedules.load(args.schedule, num_ranks, args.micro_batches, args.virtual_stages)
     except ValueError as error:
         fail(f"--schedule {args.schedule} on {num_ranks} rank{'s' * (num_ranks > 1)}: {error}")
     args.placement, args.virtual_stages = found.placement, found.num_chunks

@@ -247,13 +247,13 @@ def test_a_table_pytorch_dumps_runs_exactly(runs, tmp_path_factory, schedule_cla
 # bad files at 2 ranks, --micro-batches 1 unless the flags say: their rows, 09's other flags, the words said
 BAD_FILES = [
     (["0F0,0X0", "1F0,1B0"], (), ("cell '0X0' is no compute action",)),
-    (["0F0,0B0,0F1,0B1", "1F0,1B0,1F1,1B1"], (), ("stage 0 runs micro-batch 1 past --micro-batches 1",)),
+    (["0F0,0B0,0F1,0B1", "1F0,1B0,1F1,1B1"], (), ("runs micro-batches 0 to 1: pass --micro-batches 2",)),
     (["0F0,0B0", "2F0,2B0"], (), ("hold stages [[0], [2]]", "the loop", "the V")),
-    (["0F0,0I0", "1F0,1B0"], (), ("stage 0 runs micro-batch 0 not once",)),
-    (["0B0,0F0", "1F0,1B0"], (), ("rank 0's 0B0 waits for an input", "never finish")),
+    (["0F0,0I0", "1F0,1B0"], (), ("stage 0 runs micro-batch 0's F, I or B, and W 1, 1 and 0 times",)),
+    (["0B0,0F0", "1F0,1B0"], (), ("rank 0 waits forever at 0B0's step",)),
     (["0F0,0B0", "1F0,1B0", "2F0,2B0"], (), ("3 rank(s)", "start as many")),
     (["0F0,3F0,3B0,0B0", "1F0,2F0,2B0,1B0"], ("--virtual-stages", "3"), ("places 2 chunk(s)", "--virtual-stages")),
-    (None, (), ("cannot read it",)),
+    (None, (), ("cannot read it", "pass a compute_only CSV")),
 ]
 
 

@@ -205,13 +205,18 @@ def test_every_table_comes_back_from_its_csv(name):
     ("0F0,0Z0\n1F0,1B0\n", 1, r"^rank 0's cell '0Z0' is no compute action: .*\.$"),
     ("0F0,(0B0;0F1)OVERLAP_F_B\n", 2, r"cell '\(0B0;0F1\)OVERLAP_F_B' is no compute action"),
     ("0F0,0B0\n2F0,2B0\n", 1, r"^its rows hold stages \[\[0\], \[2\]\]: 09 runs .* the loop .* the V .*\.$"),
-    ("0F0,0B0\n1F0,1B0\n", 2, r"^stage 0 runs micro-batch 1 not once as F, then I and W, or B: .*\.$"),
-    ("0F0,0B0,0F1,0B1\n1F0,1B0,1F1,1B1\n", 1, r"^stage 0 runs micro-batch 1 past --micro-batches 1: .*\.$"),
-    ("0F0,0I0,0B0\n1F0,1B0\n", 1, r"^stage 0 runs micro-batch 0 not once"),
-    ("0F0,0I0\n1F0,1B0\n", 1, r"^stage 0 runs micro-batch 0 not once"),
     ("1F0,1B0\n0F0,0B0\n", 1, r"^its rows hold stages \[\[1\], \[0\]\]"),
-    ("0B0,0F0\n1F0,1B0\n", 1, r"^rank 0's 0B0 waits for an input no rank makes before it: .*\.$"),
-    ("", 1, r"^its rows hold stages \[\]"),
+    ("0F0,0B0\n1F0,1B0\n", 2, r"^it runs micro-batches 0 to 0: pass --micro-batches 1\.$"),
+    ("0F0,0B0,0F1,0B1\n1F0,1B0,1F1,1B1\n", 1, r"^it runs micro-batches 0 to 1: pass --micro-batches 2\.$"),
+    ("0F0,0B0,0F1\n1F0,1B0,1F1,1B1\n", 2, r"^stage 0 runs micro-batch 1's F, I or B, and W 1, 0 and 0 times: .*\.$"),
+    ("0F0,0I0,0B0\n1F0,1B0\n", 1, r"^stage 0 runs micro-batch 0's F, I or B, and W 1, 2 and 0 times"),
+    ("0F0,0I0\n1F0,1B0\n", 1, r"^stage 0 runs micro-batch 0's F, I or B, and W 1, 1 and 0 times"),
+    ("0F0,0B0,0W0\n1F0,1B0\n", 1, r"^stage 0 runs micro-batch 0's F, I or B, and W 1, 1 and 1 times"),
+    ("0B0,0F0\n1F0,1B0\n", 1, r"^rank 0 waits forever at 0B0's step: its input is made after it\.$"),
+    ("0F0,(3F0;3B0)OVERLAP_F_B,0B0\n1F0,2F0,2B0,1B0\n", 1, r"^rank 0 waits forever at 3F0's step"),  # B needs its F
+    ("", 1, r"^it has no rows, or an empty one: .*\.$"),
+    ("0F0,0B0\n\n1F0,1B0\n", 1, r"^it has no rows, or an empty one"),
+    (",,\n", 1, r"^it has no rows, or an empty one"),
 ])
 def test_a_malformed_csv_is_one_sentence(text, micro_batches, sentence):
     with pytest.raises(ValueError, match=sentence):

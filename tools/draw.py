@@ -9,6 +9,7 @@ backward; a rank's second chunk of two in small letters (f, i, w, b), and with m
 """
 
 import argparse
+import math
 import os
 import sys
 
@@ -28,24 +29,30 @@ def draw(tables, placement="loop", cost=theory.UNIT_SPANS, labels=None, then="")
         return theory.stage(placement, num_ranks, rank, chunk)
 
     def cell(kind, chunk, micro_batch):
-        letter = schedules.LETTERS.get(kind, "B")  # an overlapped backward is a full one
+        letter = schedules.LETTERS[kind]  # an overlapped backward is a full one
         letter = letter.lower() if num_chunks == 2 and chunk == 1 else letter
         return f"{letter}{micro_batch}" + (f".{chunk}" if num_chunks > 2 else "")
 
     spans = theory.replay(tables, stage_of, num_ranks * num_chunks, cost)
-    unit = 1 + max(len(cell(*computation)) for table in tables for computation in table)  # characters a unit
+    steps = []  # each rank's (start, text, units): a computation, or an overlapped pair in brackets
+    for rank, table in enumerate(tables):
+        steps.append([])
+        for kind, chunk, micro_batch in table:
+            if kind == "overlapped_backward":  # one step with the forward before it
+                start, text, units = steps[rank].pop()
+                steps[rank].append((start, f"[{text} {cell(kind, chunk, micro_batch)}]", units + cost[kind]))
+            else:
+                start = spans[kind, stage_of(rank, chunk), micro_batch][0]
+                steps[rank].append((start, cell(kind, chunk, micro_batch), cost[kind]))
+    # characters a unit: room for each step's text and a space after it (a bracket sits in the space before)
+    unit = max(math.ceil((len(text) + 1 - text.startswith("[")) / units) for row in steps for _, text, units in row)
     labels = labels or [f"rank {rank}" for rank in range(num_ranks)]
     margin = 2 + max(len(label) for label in labels)
     rows = []
-    for rank, table in enumerate(tables):
-        row, k = labels[rank].ljust(margin), 0
-        while k < len(table):
-            overlapped = k + 1 < len(table) and table[k + 1][0] == "overlapped_backward"  # one step with its F
-            text = f"[{cell(*table[k])} {cell(*table[k + 1])}]" if overlapped else cell(*table[k])
-            kind, chunk, micro_batch = table[k]
-            start = spans[kind, stage_of(rank, chunk), micro_batch][0]
-            row = row.ljust(margin + round(start * unit) - overlapped) + text  # a bracket in the space before it
-            k += 1 + overlapped
+    for rank, row_steps in enumerate(steps):
+        row = labels[rank].ljust(margin)
+        for start, text, _ in row_steps:
+            row = row.ljust(margin + round(start * unit) - text.startswith("[")) + text
         rows.append(f"{row} {then}".rstrip())
     return "\n".join(rows)
 

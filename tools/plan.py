@@ -108,11 +108,12 @@ def to_csv(tables, placement):
     action, stage index, letter and micro-batch; a forward and the overlapped backward after it one cell."""
     rows = []
     for rank, order in enumerate(tables):
-        cells = [f"{theory.stage(placement, len(tables), rank, chunk)}{schedules.LETTERS.get(kind, 'B')}{micro_batch}"
-                 for kind, chunk, micro_batch in order]
-        for k in reversed(range(len(order))):
-            if order[k][0] == "overlapped_backward":
-                cells[k - 1:k + 1] = [f"({cells[k - 1]};{cells[k]})OVERLAP_F_B"]
+        cells = []
+        for kind, chunk, micro_batch in order:
+            cell = f"{theory.stage(placement, len(tables), rank, chunk)}{schedules.LETTERS[kind]}{micro_batch}"
+            if kind == "overlapped_backward":  # one step with the forward before it
+                cell = f"({cells.pop()};{cell})OVERLAP_F_B"
+            cells.append(cell)
         rows.append(",".join(cells))
     return "\n".join(rows) + "\n"
 

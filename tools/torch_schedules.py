@@ -41,6 +41,8 @@ parser = harness.flags.model_flags(__doc__, micro_batches=True)  # the scripts' 
 harness.flags.add_flags(parser, "--schedule", "--virtual-stages", "--dump-grads", schedules=", ".join(SCHEDULES))
 parser.set_defaults(no_instrument=True, overhead=False, pace=0.0, virtual_stages=None)  # what common.setup reads
 args = parser.parse_args()
+if not 1 <= args.micro_batches <= args.batch_size:
+    harness.fail(f"--micro-batches must be between 1 and --batch-size ({args.batch_size}), not {args.micro_batches}.")
 if args.batch_size % args.micro_batches:  # PyTorch sizes its receive buffers from the first micro-batch
     harness.fail(f"--batch-size {args.batch_size} does not split into {args.micro_batches} equal micro-batches.")
 if not args.schedule.endswith(".csv") and args.schedule not in SCHEDULES:
