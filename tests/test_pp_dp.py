@@ -148,14 +148,17 @@ def test_only_the_first_stage_allreduce_adds_to_the_step(runs, again, stages):
     all-reduce (its longer copy's: the copy that finishes first waits for the other), within 5% of
     the step: the spread of the same run's step medians from one run to the next on this shared
     2-core machine (and, at 2 x 2, 03's two ranks have a core each where 07's four share two). A pair
-    of runs that noise may have spoiled (a rank late by a quarter of the pace) is measured once more
-    (conftest's again): a schedule that waits where it need not fails both."""
+    of runs that noise may have spoiled (a rank late by a quarter of the pace) is measured again, up to
+    three times in all (conftest's again): a schedule that waits where it need not fails every time."""
     launches = (SCRIPT, 2 * stages, *SIZE, "--data-parallel", "2", *PACED), (
         "03_1f1b.py", stages, *SIZE, "--batch-size", "5", *PACED)
-    try:
-        check_first_stage_adds(runs(*launches[0]), runs(*launches[1]).summary, stages)
-    except AssertionError:
-        check_first_stage_adds(again(*launches[0]), again(*launches[1]).summary, stages)
+    for attempt in range(3):  # a noisy stretch of these shared cores can last a few launches
+        try:
+            return check_first_stage_adds((again if attempt else runs)(*launches[0]),
+                                          (again if attempt else runs)(*launches[1]).summary, stages)
+        except AssertionError:
+            if attempt == 2:
+                raise
 
 
 def test_two_nodes_train_like_one(runs):
