@@ -51,7 +51,9 @@ def paced(runs, script, world, micro_batches, virtual_stages, layers, flags, pat
 def test_paced_bubble_is_the_theory(runs, again, script, world, micro_batches, virtual_stages, layers, flags):
     run = paced(runs, script, world, micro_batches, virtual_stages, layers, flags)
     expected = theory(script, world, micro_batches, virtual_stages)
-    if spoiled(run.summary, expected, TOLERANCE):  # measured once more (conftest's again)
+    for _ in range(2):  # measured again while noise may have spoiled it (conftest's again): three launches at most
+        if not spoiled(run.summary, expected, TOLERANCE):
+            break
         run = paced(again, script, world, micro_batches, virtual_stages, layers, flags)
     summary = run.summary
     assert summary["bubble_theory"] == pytest.approx(expected, abs=1e-9), "the script's own theory"
