@@ -29,7 +29,7 @@ def check_counts(num_ranks, num_microbatches, num_chunks=1):
             raise ValueError(f"{name} is {value!r}: pass a whole number, {name} >= 1.")
 
 
-def _split(order, weight_delay):
+def split(order, weight_delay):
     """order with each full (or overlapped) backward split: I in its place, and its W after the weight_delay-th
     backward that follows (those left over at the end), in the slots where the pipeline would otherwise wait."""
     split, waiting = [], []  # W's still to run, oldest first
@@ -129,7 +129,7 @@ def interleaved_1f1b(num_ranks, num_microbatches, num_chunks):
 def zb_h1(num_ranks, num_microbatches):
     """05: 1F1B with each backward split, its W run r backwards later on rank r."""
     # stage r's I's end r slots before stage 0's: its W's fill them
-    return [_split(order, rank) for rank, order in enumerate(one_f_one_b(num_ranks, num_microbatches))]
+    return [split(order, rank) for rank, order in enumerate(one_f_one_b(num_ranks, num_microbatches))]
 
 
 def zbv(num_ranks, num_microbatches):
@@ -201,7 +201,7 @@ def interleaved_zero_bubble(num_ranks, num_microbatches, num_chunks):
     tables = []
     for rank in range(num_ranks):
         num_warmup_microbatches = (num_chunks - 1) * group_size + num_ranks - rank - 1
-        tables.append(_split(_interleaved(num_microbatches, num_chunks, group_size, num_warmup_microbatches), rank))
+        tables.append(split(_interleaved(num_microbatches, num_chunks, group_size, num_warmup_microbatches), rank))
     return tables
 
 

@@ -197,17 +197,6 @@ def _as_tables(orders):
     return [[(kind, stage // len(orders), micro_batch) for kind, stage, micro_batch in order] for order in orders]
 
 
-def _each_backward_split(order):
-    """order with each full (or overlapped) backward run as its I, then its W at once."""
-    split = []
-    for kind, chunk, micro_batch in order:
-        if kind in ("full_backward", "overlapped_backward"):
-            split += [("backward", chunk, micro_batch), ("weight", chunk, micro_batch)]
-        else:
-            split.append((kind, chunk, micro_batch))
-    return split
-
-
 def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message):
     """The fastest table of schedules.py of the placement and chunks that holds at most `limit` (chunk, micro_batch)
     pairs on any rank, each backward split (a gradient leaves sooner, and an overlapped F&B runs as its F then its I: no
@@ -225,7 +214,7 @@ def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, cost, lim
         if max(theory.peak_inflight(tables)) > limit:
             continue
         seen.append(tables)
-        tables = [_each_backward_split(order) for order in tables]
+        tables = [schedules.split(order, 0) for order in tables]  # each W at once
         simulation = costs.simulate(tables, placement, num_chunks, cost, message)
         if fastest is None or simulation.step < fastest[0].step:
             fastest = simulation, tables
