@@ -27,9 +27,9 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def again(tmp_path_factory):
-    """A launch not memoized, for a paced run that noise may have spoiled (tests.launch.spoiled): measured once
-    more. These cores are shared: a stretch of noise makes every message slower (the excess over theory, 0.01 on a
-    quiet machine, then triples) or a computation longer than the pace."""
+    """A launch not memoized, for a paced run that noise may have spoiled, started again (tests.launch.settled,
+    and 07's paced all-reduce test). These cores are shared: a stretch of noise makes every message slower (the
+    excess over theory, 0.01 on a quiet machine, then triples or more) or a computation longer than the pace."""
 
     def launch_again(script, nproc, *flags):
         return launch(tmp_path_factory.mktemp("again"), script, nproc, *flags)

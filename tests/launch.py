@@ -221,9 +221,23 @@ def launch(tmp_path, script, nproc, *flags, timeout=120):
 
 def spoiled(summary, expected, tolerance=0.03):
     """Whether a paced run may have met noise on these shared cores: a computation longer than the pace, or a
-    busiest bubble that misses `expected` by more than the tolerance. Such a run is measured once more
-    (conftest's again); a schedule that waits where it need not misses every time."""
+    busiest bubble that misses `expected` by more than the tolerance."""
     return summary["paced_overruns"] > 0 or abs(summary["bubble_busiest"] - expected) > tolerance
+
+
+def settled(runs, again, start, pace, expected=None, tolerance=0.03):
+    """A paced run, start(runs, ("--pace", MS)) at `pace` ms, memoized; while noise may have spoiled it (spoiled,
+    against `expected`, else the run's own bubble_theory), started again at twice the pace, twice more at most
+    (start(again, ...), conftest's again). A stretch of noise on these shared cores delays each message by
+    milliseconds, which a longer pace makes a smaller share of every span; a schedule that waits where it need
+    not waits a share of the pace, so it misses at every pace."""
+    run = start(runs, ("--pace", f"{pace:g}"))
+    for _ in range(2):
+        if not spoiled(run.summary, run.summary["bubble_theory"] if expected is None else expected, tolerance):
+            break
+        pace *= 2
+        run = start(again, ("--pace", f"{pace:g}"))
+    return run
 
 
 def pipelined(runs, script, world, micro_batches, *extra, size=SIZE):

@@ -30,7 +30,7 @@ from tests.launch import (
     case_ids,
     program,
     run_quietly,
-    spoiled,
+    settled,
     start_ranks,
     torchrun,
     two_nodes,
@@ -220,10 +220,12 @@ def test_paced_bubble_is_1f1b(runs, again, baseline):
     """--pace 50 at 2 stages x 2 shards: each F and B holds its shards' all-reduces and is padded to 50 ms as a
     whole. (A shard whose partner starts a span later waits for it inside the span: the first step, as the ranks
     start at different moments, can overrun the pace; it is not measured.)"""
-    run = grid(runs, 1, 2, 2, 4, "--pace", "50")
     theory = 1 / (4 + 2 - 1)
-    if spoiled(run.summary, theory):  # measured once more (conftest's again)
-        run = grid(again, 1, 2, 2, 4, "--pace", "50")
+
+    def start(runner, pace):
+        return grid(runner, 1, 2, 2, 4, *pace)
+
+    run = settled(runs, again, start, 50, theory)
     assert run.summary["bubble_theory"] == pytest.approx(theory)
     assert run.summary["bubble_at_costs"] == pytest.approx(theory, abs=0.01), "its order, replayed"
     assert abs(run.summary["bubble_busiest"] - theory) <= 0.03, run.summary["bubble_per_rank"]

@@ -24,8 +24,8 @@ from tests.launch import (
     case_ids,
     pipelined,
     run_quietly,
+    settled,
     size,
-    spoiled,
     torch_csv,
     torchrun,
 )
@@ -124,7 +124,7 @@ def test_held_bytes_are_the_tables_count(runs, name):
 
 # two measured steps: what one late wake-up of a rank adds to the bubble is halved
 PACED = ("--layers", "8", "--hidden", "24", "--batch-size", "16", "--steps", "3", "--threads", "1",
-         "--dtype", "float64", "--pace", "50")
+         "--dtype", "float64")
 
 
 @pytest.fixture(scope="session")
@@ -145,14 +145,12 @@ def saved(tmp_path_factory):
 
 
 def paced(runs, again, name, expected=None):
-    """09's run of `name` paced, n = 4, m = 8: its summary, or a run's launched again (conftest's again) if noise
-    may have spoiled the first (tests.launch.spoiled, against `expected`, its own bubble_theory if None)."""
-    flags = (SCRIPT, 4, *PACED, "--micro-batches", "8", "--schedule", name)
-    summary = runs(*flags).summary
-    expected = summary["bubble_theory"] if expected is None else expected
-    if spoiled(summary, expected):
-        summary = again(*flags).summary
-    return summary
+    """09's run of `name` paced at 50 ms, n = 4, m = 8: its summary (tests.launch.settled, against `expected`, its own
+    bubble_theory if None)."""
+    def start(runner, pace):
+        return runner(SCRIPT, 4, *PACED, *pace, "--micro-batches", "8", "--schedule", name)
+
+    return settled(runs, again, start, 50, expected).summary
 
 
 @pytest.mark.parametrize("name", [*NAMES, "search"])
