@@ -86,8 +86,8 @@ def test_held_bytes_are_the_theory(runs):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_paced_bubble_is_the_theory_and_below_05s(runs, again, world):
-    """Every span padded to 50 ms (tests.launch.settled): the busiest rank's bubble is the theory's, (n - 1) / (6m + n - 1) at
-    m = 2n, within 0.03, and below 05's measured the same way."""
+    """Every span padded to 50 ms (tests.launch.settled): the busiest rank's bubble is the theory's,
+    (n - 1) / (6m + n - 1) at m = 2n, within 0.03, and below 05's measured the same way."""
     m, layers = 2 * world, 7 if world < 4 else 9
     def start(runner, pace):
         return zbv(runner, world, m, layers, *pace)
