@@ -30,7 +30,7 @@ from common import (
 from harness import dump, log_step, parse_args, record, report, timed_step
 from theory import gpipe_bubble, one_f_one_b_inflight
 
-args = parse_args(__doc__, micro_batches=True)
+args = parse_args(__doc__, micro_batches=True, schedule="1f1b")
 rank, num_stages, device = setup(args)
 stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)

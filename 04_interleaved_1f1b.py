@@ -28,7 +28,7 @@ from harness import dump, log_step, parse_args, record, report, timed_step
 from schedules import interleaved_1f1b
 from theory import UNIT_SPANS, busiest_bubble, peak_inflight
 
-args = parse_args(__doc__, micro_batches=True, virtual_stages=True)
+args = parse_args(__doc__, micro_batches=True, virtual_stages=True, schedule="interleaved-1f1b")
 rank, num_ranks, device = setup(args)
 num_chunks = args.virtual_stages
 # this rank's layers only: chunk c is stage c * n + rank of the n * v

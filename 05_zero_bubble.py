@@ -34,7 +34,7 @@ from common import (
 from harness import dump, log_step, parse_args, record, report, timed_step, track
 from theory import zb_h1_bubble, zb_h1_inflight
 
-args = parse_args(__doc__, micro_batches=True)
+args = parse_args(__doc__, micro_batches=True, schedule="zb-h1")
 rank, num_stages, device = setup(args)
 stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)

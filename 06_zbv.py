@@ -30,7 +30,7 @@ from harness import dump, log_step, parse_args, record, report, timed_step, trac
 from schedules import zbv
 from theory import busiest_bubble, peak_inflight
 
-args = parse_args(__doc__, micro_batches=True, v_shape=True)
+args = parse_args(__doc__, micro_batches=True, v_shape=True, schedule="zbv")
 rank, num_ranks, device = setup(args, placement="v")
 # this rank's layers only: chunk 0 is stage rank, chunk 1 stage 2n - 1 - rank, the V's two arms
 stages = [build_stage(args, stage, 2 * num_ranks, device) for stage in (rank, 2 * num_ranks - 1 - rank)]

@@ -38,7 +38,7 @@ from common import (
 from harness import dump, log_step, parse_args, record, report, started, timed_step
 from theory import gpipe_bubble, one_f_one_b_inflight
 
-args = parse_args(__doc__, micro_batches=True, data_parallel=True)
+args = parse_args(__doc__, micro_batches=True, data_parallel=True, schedule="1f1b")
 rank, num_stages, device = setup(args, data_parallel=True)  # within this rank's pipeline: its stage, the stage count
 mesh = device_mesh()  # mesh["pp"]: this rank's pipeline; mesh["dp"]: the copies of its stage, one in each pipeline
 copy, num_copies = mesh.get_local_rank("dp"), mesh.size(0)  # which pipeline this rank is in, of how many

@@ -24,11 +24,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from common import (
-    NUM_CLASSES,
     build_stage,
     device_mesh,
     get_batch,
-    partition,
     recv_backward,
     recv_forward,
     send_backward,
@@ -41,7 +39,7 @@ from common import (
 from harness import dump, log_step, parse_args, record, report, started, timed_step
 from theory import gpipe_bubble, one_f_one_b_inflight
 
-args = parse_args(__doc__, micro_batches=True, data_parallel=True, tensor_parallel=True)
+args = parse_args(__doc__, micro_batches=True, data_parallel=True, tensor_parallel=True, schedule="1f1b")
 rank, num_stages, device = setup(args, data_parallel=True, tensor_parallel=True)  # its stage, the stage count
 mesh = device_mesh()  # mesh["pp"]: this rank's pipeline; mesh["dp"]: its stage's copies; mesh["tp"]: its shards
 copy, num_copies = mesh.get_local_rank("dp"), mesh.size(0)  # which pipeline this rank is in, of how many
@@ -118,7 +116,7 @@ class RowParallelLinear(torch.nn.Module):
 
 def parallelize(stage):
     """Megatron-LM's pairs: the stage's blocks in turn column- and row-parallel; an odd last block
-    column-parallel, its output gathered. The head stays whole: its input is, and it is small."""
+    column-parallel, its output gathered. The head stays whole, as its input is."""
     names = list(stage.blocks) if num_shards > 1 else []  # one shard: the baseline's Linears, 07 bit for bit
     for index, name in enumerate(names):
         linear = stage.blocks[name]
@@ -224,10 +222,10 @@ def train_step(inputs, labels):
 def parameter_bytes(rank):
     """The theory of rank's parameter bytes: 1/t of each block's weight and column-parallel bias; whole, a
     row-parallel block's bias and the head (rank: a rank of the world)."""
-    first, last = partition(args.layers, num_stages)[rank // num_shards % num_stages]
-    blocks, columns, hidden = last - first, (last - first + 1) // 2, args.hidden
+    place = rank // num_shards % num_stages  # its stage's index
+    blocks, columns, hidden = args.blocks[place], (args.blocks[place] + 1) // 2, args.hidden
     numbers = (blocks * hidden + columns) * hidden // num_shards + (blocks - columns) * hidden
-    numbers += (last == args.layers) * (hidden + 1) * NUM_CLASSES  # the head, on every shard of the last stage
+    numbers += (place == num_stages - 1) * (hidden + 1) * args.classes  # the head, on every shard of the last stage
     return numbers * next(stage.parameters()).element_size()  # bytes a number, in the run's dtype
 
 

@@ -157,6 +157,7 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
-# the table's own count: in flight from F to W; its replay's bubble, F, B and W one unit each (a full backward two)
+# the table's own count: in flight from F to W; its replay's bubble at --pace's spans (F, I and W one each, a full
+# backward two, on a stage of average cost)
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
-       bubble_theory=busiest_bubble(tables, stage_of, num_ranks * num_chunks))
+       bubble_theory=lambda spans: busiest_bubble(tables, stage_of, num_ranks * num_chunks, spans))

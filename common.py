@@ -19,9 +19,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import guarantees
 import harness
+import schedules
 import theory
-
-NUM_CLASSES = 10
 
 _rank, _num_ranks, _device, _dtype, _placement = 0, 1, torch.device("cpu"), torch.float32, "loop"
 # 07: the world as pipelines side by side, named axes "dp" (which pipeline) and "pp" (which stage), and in 08
@@ -61,6 +60,9 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
         _mesh = init_device_mesh(_device.type, tuple(sizes.values()), mesh_dim_names=tuple(sizes),
                                  backend_override=dict.fromkeys(sizes, options))
         _group, _rank, _num_ranks = _mesh.get_group("pp"), _mesh.get_local_rank("pp"), _mesh.size(1)
+    args.blocks = blocks(args, _num_ranks * args.virtual_stages)  # each stage's, once: --partition balanced replays
+    costs = theory.counted_costs(args.blocks, args.hidden, args.classes)
+    harness.pace_at(costs, [stage_of(_rank, chunk) for chunk in range(args.virtual_stages)])  # --pace by cost
     return _rank, _num_ranks, _device
 
 
@@ -79,11 +81,22 @@ def seed_for(seed, *what):
 
 
 def partition(num_layers, num_stages):
-    """Contiguous, balanced stages: [(first, last), ...]; the leftover layers go to the first
+    """Contiguous stages of equal counts: [(first, last), ...]; the leftover layers go to the first
     stages, since the last one also holds the head."""
     base, leftover = divmod(num_layers, num_stages)
     firsts = [stage * base + min(stage, leftover) for stage in range(num_stages + 1)]
     return list(zip(firsts, firsts[1:]))
+
+
+def blocks(args, num_stages):
+    """Each stage's count of blocks, as --partition says: even (partition's), the counts given (N0,N1,...), or
+    balanced: the split whose replay of this script's table at the stages' counted costs takes the least step."""
+    if args.partition == "even":
+        return [last - first for first, last in partition(args.layers, num_stages)]
+    if args.partition != "balanced":
+        return [int(count) for count in args.partition.split(",")]
+    table = schedules.load(args.schedule, _num_ranks, args.micro_batches, args.virtual_stages).tables
+    return theory.balanced(args.layers, table, stage_of, num_stages, args.hidden, args.classes)
 
 
 class Stage(nn.Module):
@@ -97,7 +110,7 @@ class Stage(nn.Module):
         super().__init__()
         self.is_first, self.is_last, self.layers = first == 0, has_head, (first, last)
         self.blocks = nn.ModuleDict({str(layer): nn.Linear(args.hidden, args.hidden) for layer in range(first, last)})
-        self.head = nn.Linear(args.hidden, NUM_CLASSES) if has_head else None
+        self.head = nn.Linear(args.hidden, args.classes) if has_head else None
         with torch.no_grad():
             for layer, block in self.blocks.items():
                 _init_linear(block, args.seed, int(layer), gain=2.0)
@@ -122,18 +135,19 @@ def _init_linear(linear, seed, layer, gain):
 
 
 def build_stage(args, stage, num_stages, device):
-    """Stage `stage` of `num_stages`, and only it, in the run's dtype on its device."""
-    first, last = partition(args.layers, num_stages)[stage]
-    return Stage(args, first, last, has_head=stage == num_stages - 1).to(device, _dtype)
+    """Stage `stage` of `num_stages`, and only it, in the run's dtype on its device: its blocks as setup
+    shared them out (args.blocks)."""
+    first = sum(args.blocks[:stage])
+    return Stage(args, first, first + args.blocks[stage], has_head=stage == num_stages - 1).to(device, _dtype)
 
 
 def get_batch(args, step, device):
     """The step's batch, a function of (--seed, step) alone: noisy samples around one
     fixed centre per class, a task the MLP learns in a few dozen steps."""
     centres_generator = torch.Generator().manual_seed(seed_for(args.seed, "centres"))
-    centres = torch.randn(NUM_CLASSES, args.hidden, generator=centres_generator)
+    centres = torch.randn(args.classes, args.hidden, generator=centres_generator)
     generator = torch.Generator().manual_seed(seed_for(args.seed, "batch", step))
-    labels = torch.randint(NUM_CLASSES, (args.batch_size,), generator=generator)
+    labels = torch.randint(args.classes, (args.batch_size,), generator=generator)
     inputs = centres[labels] + torch.randn(args.batch_size, args.hidden, generator=generator)
     return inputs.to(device, _dtype), labels.to(device)
 

@@ -2,15 +2,20 @@
 Plain Python: it imports nothing of the lesson.
 
 stage         where a rank's chunk sits, on the loop or the V
-replay        when each computation starts, and when its result is out, if each takes its cost; common.timetable
-              follows it, and the harness replays a run's own order with it
+counted_costs each stage's F, I and W, counted from its layers in block forwards (paced_spans: --pace's spans)
+replay        when each computation starts, and when its result is out, if each takes its cost (the same on every
+              stage, or each stage's own); common.timetable follows it, and the harness replays a run's own order
 bubbles       each rank's idle share of its pipeline's span, from a replay (busiest_bubble: the busiest rank's)
+balanced      the contiguous split of the blocks whose replayed step is least (--partition balanced)
 peak_inflight the (chunk, micro_batch) pairs a rank keeps alive at its peak, counted over its table
 *_bubble      the closed forms, every computation one unit: naive, GPipe and 1F1B, ZB-H1, ZB-V
 *_inflight    the closed forms of the in-flight peaks
 
 A computation is (kind, chunk, micro_batch) in a table, (kind, stage, micro_batch) once placed.
 """
+
+import itertools
+import math
 
 # F, I (a split backward's input gradient) and W one unit each: a full backward (B), I then W, two
 UNIT_COSTS = {"forward": 1.0, "backward": 1.0, "weight": 1.0, "full_backward": 2.0, "overlapped_backward": 2.0}
@@ -23,15 +28,46 @@ def stage(placement, num_ranks, rank, chunk):
     return chunk * num_ranks + rank if placement == "loop" else (rank, 2 * num_ranks - 1 - rank)[chunk]
 
 
+def counted_costs(blocks, hidden, classes):
+    """Each stage's cost of a micro-batch, {kind: cost}, counted in multiply-adds, in units of one block's forward
+    (a row through a hidden x hidden matrix). blocks: each stage's blocks; the last stage also holds the head, a
+    hidden x classes matrix, and the loss, about one operation a class. A block's F, I (the input's gradient) and
+    W (the weight's) each cost one; the head's each hidden x classes; the loss adds a class's worth to F and I.
+    (The first block's I is counted too, though nothing needs its input's gradient.)"""
+    head, loss = classes / hidden, classes / hidden**2
+    costs = []
+    for stage, count in enumerate(blocks):
+        has_head = stage == len(blocks) - 1
+        forward, weight = count + has_head * (head + loss), count + has_head * head
+        costs.append({"forward": forward, "backward": forward, "weight": weight, "full_backward": forward + weight,
+                      "overlapped_backward": forward + weight})
+    return costs
+
+
+def paced_spans(costs, unit=UNIT_SPANS):
+    """Each stage's spans under --pace, in paces: every span of a stage lasts its F + I + W over the mean stage's,
+    so that stages of equal cost are one pace each and a stage twice the mean two. unit: a kind's spans (a full
+    backward is one span where a script runs it as one, UNIT_SPANS, and two where it runs I then W, UNIT_COSTS)."""
+    mean = sum(map(_total, costs)) / len(costs)
+    return [{kind: spans * _total(cost) / mean for kind, spans in unit.items()} for cost in costs]
+
+
+def _per_stage(cost, num_stages):
+    """cost as one {kind: cost} for each stage: it is one already, or the same for all."""
+    return cost if isinstance(cost, list) else [cost] * num_stages
+
+
 def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):
     """When each computation starts and ends if every rank runs its table of (kind, chunk, micro_batch) in order,
-    a computation takes cost[kind] and a tensor from another rank `message` more: a forward waits for the previous
+    a computation takes cost[kind] (or cost[stage][kind], a list of each stage's) and a tensor from another rank
+    `message` more: a forward waits for the previous
     stage's, a backward (split, full or overlapped) for the next stage's (the last stage's for its own forward), a
     weight gradient for its B. A forward and the overlapped backward after it are one step: it begins once both
     inputs are in, and both results leave at its end. stage_of(rank, chunk) places the chunks.
     Returns {(kind, stage, micro_batch): (start, when its result is out)}; one that cannot run (nor any after it
     on its rank) is missing."""
     rank_of = {stage_of(rank, chunk): rank for rank, table in enumerate(tables) for _, chunk, _ in table}
+    costs = _per_stage(cost, num_stages)
     ends, spans, clock, position = {}, {}, [0.0] * len(tables), [0] * len(tables)
 
     def ready(rank, kind, chunk, micro_batch):
@@ -60,13 +96,13 @@ def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):
                 if None in inputs:
                     break  # an input is not made yet: another rank first
                 start = max([clock[rank], *inputs])
-                end = start + sum(cost[kind] for kind, _, _ in step)
+                end = start + sum(costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in step)
                 for kind, chunk, micro_batch in step:
                     stage = stage_of(rank, chunk)
                     spans[kind, stage, micro_batch] = start, end  # its result is out at the step's end
                     made = "forward" if kind == "forward" else "weight" if kind == "weight" else "backward"
                     ends[made, stage, micro_batch] = end
-                    start += cost[kind]
+                    start += costs[stage][kind]
                 clock[rank] = end
                 position[rank] += len(step)
                 progress = True
@@ -74,16 +110,94 @@ def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):
 
 
 def bubbles(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):
-    """Each rank's bubble when its table is replayed at cost[kind] a computation: the share of the
-    pipeline's span, from the first start to the last end, that the rank spends idle."""
+    """Each rank's bubble when its table is replayed at cost[kind] (or cost[stage][kind]) a computation: the share
+    of the pipeline's span, from the first start to the last end, that the rank spends idle."""
     length = max(end for _, end in replay(tables, stage_of, num_stages, cost, message).values())
-    return [1 - sum(cost[kind] for kind, _, _ in table) / length for table in tables]
+    return [1 - busy / length for busy in computing(tables, stage_of, num_stages, cost)]
+
+
+def computing(tables, stage_of, num_stages, cost=UNIT_COSTS):
+    """Each rank's time computing, its table at cost[kind] (or cost[stage][kind]) a computation."""
+    costs = _per_stage(cost, num_stages)
+    return [sum(costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in table) for rank, table in enumerate(tables)]
 
 
 def busiest_bubble(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):
     """The bubble of the rank that computes longest (the first such): what a script's bubble_theory means."""
-    busiest = max(range(len(tables)), key=lambda rank: sum(cost[kind] for kind, _, _ in tables[rank]))
-    return bubbles(tables, stage_of, num_stages, cost, message)[busiest]
+    busy = computing(tables, stage_of, num_stages, cost)
+    return bubbles(tables, stage_of, num_stages, cost, message)[busy.index(max(busy))]
+
+
+def balanced(num_layers, tables, stage_of, num_stages, hidden, classes, budget=200_000, exhaustive=None):
+    """Each stage's blocks: the contiguous split of num_layers whose table, replayed at counted_costs, takes the
+    least step, of those the most even (its costliest stages least, in turn); every stage holds a block but the
+    last, which may hold the head alone. Every split is tried where splits times computations are at most
+    `budget` (about a second of replays), or as `exhaustive` says (True or False). Otherwise the method is exact
+    on the slowest rank: each count of blocks on the head's rank, the rest shared out evenly over the ranks and
+    within a rank over its chunks (the head's chunk the fewest), is costed by its costliest rank; the replay
+    chooses among the counts whose costliest rank costs least and one block either side; then a block moves
+    from one stage to another while that shortens the step, as long as the same budget of replays lasts."""
+    def step(blocks):  # and each stage's F + I + W, costliest first: the split most even among equal steps
+        costs = counted_costs(blocks, hidden, classes)
+        spans = replay(tables, stage_of, num_stages, costs)
+        return round(max(end for _, end in spans.values()), 9), sorted((_total(cost) for cost in costs), reverse=True)
+
+    computations = sum(map(len, tables))
+    if exhaustive is None:
+        exhaustive = num_stages == 1 or math.comb(num_layers, num_stages - 1) * computations <= budget
+    if exhaustive:
+        return min(_splits(num_layers, num_stages), key=step)
+    chunks = [sorted(stage_of(rank, chunk) for chunk in {chunk for _, chunk, _ in table})
+              for rank, table in enumerate(tables)]
+    head = next(rank for rank, stages in enumerate(chunks) if num_stages - 1 in stages)
+
+    def around(on_head):  # on_head blocks on the head's rank, the rest shared out evenly
+        others = [rank for rank in range(len(tables)) if rank != head]
+        base, leftover = divmod(num_layers - on_head, max(len(others), 1))
+        blocks = [0] * num_stages
+        for rank, count in [(head, on_head)] + [(rank, base + (index < leftover)) for index, rank in enumerate(others)]:
+            stages = chunks[rank][::-1] if rank == head else chunks[rank]  # the head's chunk gets the fewest
+            for index, stage in enumerate(stages):
+                blocks[stage] = count // len(stages) + (index < count % len(stages))
+        return blocks
+
+    def costliest(blocks):
+        costs = [_total(cost) for cost in counted_costs(blocks, hidden, classes)]
+        return max(sum(costs[stage] for stage in stages) for stages in chunks)
+
+    fits = [count for count in range(num_layers + 1) if all(around(count)[:-1]) and sum(around(count)) == num_layers]
+    least = min(costliest(around(count)) for count in fits)
+    near = {count + way for count in fits if costliest(around(count)) <= least * (1 + 1e-12) for way in (-1, 0, 1)}
+    best = min((around(count) for count in sorted(near & set(fits))), key=step)
+    budget = budget // computations - len(near)
+    moved = True
+    while moved and budget > 0:  # one block from one stage to another, while the step shortens
+        moved = False
+        for source, target in itertools.permutations(range(num_stages), 2):
+            if budget <= 0:
+                break
+            blocks = list(best)
+            blocks[source] -= 1
+            blocks[target] += 1
+            budget -= 1
+            if all(blocks[:-1]) and blocks[-1] >= 0 and step(blocks) < step(best):
+                best, moved = blocks, True
+    return best
+
+
+def _total(cost):
+    """A stage's F + I + W for a micro-batch."""
+    return cost["forward"] + cost["backward"] + cost["weight"]
+
+
+def _splits(num_layers, num_stages):
+    """Every split of num_layers blocks into num_stages contiguous stages, each holding one at least but the last:
+    cut 0..num_layers + 1 at num_stages - 1 of the points between, and take the last stage's extra one off."""
+    for cut in itertools.combinations(range(1, num_layers + 1), num_stages - 1):
+        bounds = (0, *cut, num_layers + 1)
+        blocks = [after - before for before, after in zip(bounds, bounds[1:])]
+        blocks[-1] -= 1
+        yield blocks
 
 
 def peak_inflight(tables):

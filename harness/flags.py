@@ -35,6 +35,15 @@ def fail(message):
 # The flags more than one program takes (the scripts, tools/plan.py, tools/torch_schedules.py), each declared here
 # once: its add_argument keywords. A help may name {schedules}, which the program fills in.
 FLAGS = {
+    "--layers": dict(type=int, default=16, help="hidden blocks (Linear + ReLU) before the head (tools/plan.py: given, "
+                                                "it plans at the stages' counted costs, not --costs)"),
+    "--hidden": dict(type=int, default=1024, help="width of every block"),
+    "--classes": dict(type=int, default=10, metavar="K",
+                      help="the head's outputs and the data's classes (the head is a hidden x K matrix)"),
+    "--partition": dict(default="even", metavar="even|N0,N1,...|balanced",
+                        help="each stage's blocks: shared out by count (the leftover to the first stages), given in "
+                             "stage order (the last also holds the head, and may hold no block), or the split whose "
+                             "replayed step at the stages' counted costs is least"),
     "--stages": dict(type=int, required=True, metavar="N", help="ranks in the pipeline on paper, n"),
     "--micro-batches": dict(type=int, default=8, help="micro-batches each batch is split into, m"),
     "--virtual-stages": dict(type=int, default=2, metavar="V",
@@ -66,9 +75,8 @@ def model_flags(doc, micro_batches=False, v_shape=False):
     parser.error = lambda message: fail(f"{message} (see --help)")  # one sentence, not argparse's usage
     # what a script runs with where it takes no such flag (a flag's own default wins where it takes one)
     parser.set_defaults(micro_batches=1, virtual_stages=2 if v_shape else 1, data_parallel=1, tensor_parallel=1,
-                        sync_sends=False)
-    parser.add_argument("--layers", type=int, default=16, help="hidden blocks (Linear + ReLU) before the head")
-    parser.add_argument("--hidden", type=int, default=1024, help="width of every block")
+                        sync_sends=False, partition="even")
+    add_flags(parser, "--layers", "--hidden", "--classes")
     parser.add_argument("--batch-size", type=int, default=256, help="samples per optimizer step")
     if micro_batches:
         add_flags(parser, "--micro-batches")
@@ -84,11 +92,14 @@ def model_flags(doc, micro_batches=False, v_shape=False):
 
 
 def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False, data_parallel=False, v_shape=False,
-               tensor_parallel=False, schedules=None):
+               tensor_parallel=False, schedules=None, schedule=None):
     """The flags every script takes; each mistake ends the run with one sentence. v_shape (06): two model
     chunks per rank, placed as a V, and no --virtual-stages flag. schedules (09): the module whose tables
-    --schedule names (SCHEDULES) or reads from a file (load), which checks that the layout can run them."""
+    --schedule names (SCHEDULES) or reads from a file (load), which checks that the layout can run them.
+    schedule: the name of the table the script runs (schedules.SCHEDULES), which --partition balanced replays."""
     parser = model_flags(doc, micro_batches, v_shape)
+    if schedule:
+        parser.set_defaults(schedule=schedule)
     if schedules:
         add_flags(parser, "--schedule", "--virtual-stages", schedules=", ".join(schedules.SCHEDULES))
         parser.set_defaults(virtual_stages=None)  # the table's own chunks unless given
@@ -100,12 +111,14 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     if tensor_parallel:
         parser.add_argument("--tensor-parallel", type=int, default=1, metavar="T", help="shards a stage, cut by width")
     if not one_process:
+        add_flags(parser, "--partition")
         parser.add_argument("--sync-sends", action="store_true",
                             help="NCCL's rules on gloo: a rank's groups run in turn, each done once its sends are "
                                  "received, and tags are ignored")
     parser.add_argument("--pace", type=float, default=0.0, metavar="MS",
-                        help="pad every forward, backward and weight-gradient span to MS milliseconds by sleeping, "
-                             "so the timeline shows the schedule alone")
+                        help="pad every forward, backward and weight-gradient span by sleeping, to MS milliseconds "
+                             "times its stage's counted cost over the mean stage's, so the timeline shows the "
+                             "schedule alone")
     parser.add_argument("--recompute", action="store_true", help="keep only each stage's input from F to B; B reruns F")
     add_flags(parser, "--json")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto, chrome://tracing) of the run")
@@ -137,10 +150,30 @@ def _check_schedule(args, schedules):
     args.placement, args.virtual_stages = found.placement, found.num_chunks
 
 
+def _check_partition(args, num_stages):
+    """--partition N0,N1,...: a count of blocks for each of the num_stages stages, adding up to --layers, and
+    a block at least on every stage but the last (which holds the head)."""
+    try:
+        blocks = [int(count) for count in args.partition.split(",")]
+    except ValueError:
+        fail(f"--partition takes even, balanced, or each stage's blocks as whole numbers N0,N1,..., "
+             f"not {args.partition}.")
+    if len(blocks) != num_stages:
+        fail(f"--partition {args.partition} gives {len(blocks)} stage{'s' * (len(blocks) > 1)}, but this layout "
+             f"has {num_stages} (ranks in a pipeline x model chunks a rank): pass {num_stages} counts.")
+    if sum(blocks) != args.layers:
+        fail(f"--partition {args.partition} adds up to {sum(blocks)} blocks, not --layers {args.layers}: "
+             "pass counts that add up to it.")
+    empty = [stage for stage, count in enumerate(blocks) if count < (stage < num_stages - 1)]
+    if empty:
+        fail(f"--partition {args.partition} leaves stage {empty[0]} with {blocks[empty[0]]} blocks: every stage "
+             "holds one at least, but the last, which holds the head and may hold none.")
+
+
 def _check(args, one_process, virtual_stages):
     """Each mistake in the flags, or in how the run was started, ends it with one sentence."""
     world_size, local_world_size = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    for flag in ("layers", "hidden", "batch_size", "steps", "threads", "virtual_stages", "data_parallel",
+    for flag in ("layers", "hidden", "classes", "batch_size", "steps", "threads", "virtual_stages", "data_parallel",
                  "tensor_parallel"):
         if getattr(args, flag) < 1:
             fail(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}.")
@@ -170,7 +203,9 @@ def _check(args, one_process, virtual_stages):
     if one_process and world_size > 1:
         fail(f"{script} trains the whole model in one process: start it with python {script}, not torchrun.")
     num_stages = world_size // (copies * shards)  # ranks in a pipeline
-    if num_stages * args.virtual_stages > args.layers:
+    if args.partition not in ("even", "balanced"):
+        _check_partition(args, num_stages * args.virtual_stages)
+    elif num_stages * args.virtual_stages > args.layers:
         fail(f"{world_size} rank{'s' * (world_size > 1)}{f' in {copies} pipelines of {num_stages}' * (copies > 1)}"
              f"{f' x {args.virtual_stages} virtual stages' * (args.virtual_stages > 1)}"
              f"{f' ({shards} shards a stage)' * (shards > 1)} cannot share {args.layers} layers: "

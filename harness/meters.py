@@ -10,6 +10,7 @@ from collections import namedtuple
 import torch
 import torch.nn as nn
 
+import theory
 from harness.flags import gave_up
 
 COMPUTE = ("forward", "backward", "weight")  # the kinds of span that compute; the others: "wait", "allreduce", TP
@@ -56,6 +57,7 @@ class _Recorder:
         self.device, self.offset = torch.device("cpu"), 0.0  # offset: add to time.perf_counter() for rank 0's clock
         self.enabled, self.alternate = True, False  # alternate (--overhead): instrument the even steps only
         self.pace, self.overruns = 0.0, 0  # --pace in seconds, and the computations that took longer
+        self.paces = [1.0]  # each of this rank's chunks' span in paces (pace_at)
         self.spans, self.steps, self.posts, self.losses = [], [], [], []  # Span, StepTime, Post, float
         self.step, self.pending = 0, []  # the step's number and spans (on CUDA, events read once it is over)
         self.saved, self.held = _Meter(), _Meter()
@@ -140,11 +142,18 @@ def record(kind, micro_batch, chunk=0):
     if recorder.pace and kind != "wait":
         if recorder.device.type == "cuda":
             torch.cuda.synchronize(recorder.device)  # pacing times the arithmetic itself, so it waits for it
-        left = began + recorder.pace - time.perf_counter()
+        left = began + recorder.pace * recorder.paces[chunk] - time.perf_counter()
         recorder.overruns += left < 0
         time.sleep(max(0.0, left))
     if recorder.enabled:
         recorder.pending.append(Span(recorder.step, kind, micro_batch, chunk, start, _mark()))
+
+
+def pace_at(costs, stages):
+    """--pace by cost: a computation of this rank's chunk c lasts the pace times its stage's share of the mean
+    stage's cost (theory.paced_spans). costs: every stage's (theory.counted_costs); stages: the stage of each chunk."""
+    spans = theory.paced_spans(costs)
+    recorder.paces = [spans[stage]["forward"] for stage in stages]
 
 
 def started(kind, start, nbytes=0):

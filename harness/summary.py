@@ -25,7 +25,9 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
     """Gather every rank's measurements on rank 0, print the timeline, the table and the JSON line, and end
     the run. stages: this rank's model chunks (their .layers). expected_inflight(rank): the micro-batches (or
     micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the schedule's with every
-    span equally long, else its order is replayed so. expected_parameter_bytes(rank) (08): its parameter bytes."""
+    span equally long, which holds where the stages cost the same, else its order is replayed at the paced spans
+    (theory.paced_spans); or a function of those spans (09: its table's replay, a full backward I then W).
+    expected_parameter_bytes(rank) (08): its parameter bytes."""
     cuda_peak = torch.cuda.max_memory_allocated(recorder.device) if recorder.device.type == "cuda" else -1
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, Records(recorder.spans, recorder.steps, recorder.losses, recorder.posts,
@@ -36,7 +38,11 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
         timed = list(range(1, args.steps)) if args.steps > 1 else [0]  # the first step pays for warm-up
         measured = [step for step in timed if not args.overhead or step % 2 == 0]  # --overhead: the even ones
         summary = _summarize(args, ranks, timed, measured)
-        summary.update({} if bubble_theory is None else {"bubble_theory": bubble_theory})
+        if callable(bubble_theory):  # a replay of the table at --pace's spans, a full backward I then W
+            spans = theory.paced_spans(theory.counted_costs(args.blocks, args.hidden, args.classes), theory.UNIT_COSTS)
+            summary["bubble_theory"] = bubble_theory(spans)
+        elif bubble_theory is not None and len({round(cost, 9) for cost in summary["stage_costs"]}) == 1:
+            summary["bubble_theory"] = bubble_theory  # a closed form holds where every stage costs the same
         if expected_parameter_bytes:
             summary["expected_parameter_bytes"] = [expected_parameter_bytes(rank) for rank in range(len(ranks))]
         chunks, spans = len(stages) > 1, [rank.spans for rank in ranks]  # chunks: label spans with their chunk
@@ -72,11 +78,29 @@ def _summarize(args, ranks, timed, measured):
         "step_ms_median": statistics.median_high([step_ms[step] for step in measured]),
         "stage_layers": layers if len(ranks[0].layers) > 1 else [chunk for (chunk,) in layers],
         "parameter_bytes": [rank.params for rank in ranks],
+        "classes": args.classes, "partition": args.partition, "blocks": args.blocks,
+        **_costs(args, ranks),
         **{flag: getattr(args, flag) for flag in ("schedule", "placement", "costs", "memory") if hasattr(args, flag)},
     }
     if args.overhead:
         summary["step_ms_median_bare"] = statistics.median_high([step_ms[step] for step in timed if step % 2])
     return summary
+
+
+def _stages(ranks):
+    """Each rank's chunks' stages, from their first layers (07: a stage's copies, 08: its shards share one)."""
+    firsts = sorted({first for rank in ranks for first, _ in rank.layers})
+    return [[firsts.index(first) for first, _ in rank.layers] for rank in ranks]
+
+
+def _costs(args, ranks):
+    """Each stage's counted F + I + W for a micro-batch (theory.counted_costs, in block forwards), each rank's for
+    a step, and the stage that bounds the step: the costliest (the first such)."""
+    stage_costs = [sum(cost[kind] for kind in ("forward", "backward", "weight"))
+                   for cost in theory.counted_costs(args.blocks, args.hidden, args.classes)]
+    return {"stage_costs": stage_costs, "bounding_stage": stage_costs.index(max(stage_costs)),
+            "counted_cost": [args.micro_batches * sum(stage_costs[stage] for stage in stages)
+                             for stages in _stages(ranks)]}
 
 
 def _per_rank(ranks, measured, num_stages, expected_inflight):
@@ -144,13 +168,19 @@ def _compare(args, summary, ranks, measured):
     num_stages = len(ranks) // args.data_parallel  # ranks in a pipeline (08: a copy, its stages' shards in step)
     busiest = max(range(len(ranks)), key=lambda rank: summary["compute_ms"][rank])
     summary["busiest_rank"], summary["bubble_busiest"] = busiest, summary["bubble_per_rank"][busiest]
-    lengths = {kind: [span.end - span.start for rank in ranks for span in rank.spans  # the run's costs
-                      if span.kind == kind and span.step in measured] for kind in COMPUTE}
-    summary["span_ms"] = {kind: 1e3 * sum(times) / len(times) for kind, times in lengths.items() if times}
-    summary["bubble_at_costs"] = _replayed(ranks, measured[-1], num_stages, summary["span_ms"])[busiest]
-    if "bubble_theory" not in summary:  # no closed form given: the schedule's order with every span one unit long
-        unit = dict.fromkeys(summary["span_ms"], 1.0)
-        summary["bubble_theory"] = _replayed(ranks, measured[-1], num_stages, unit)[busiest]
+    lengths = defaultdict(list)  # (stage, kind) -> the run's spans of it
+    for rank, stages in zip(ranks, _stages(ranks)):
+        for span in (span for span in rank.spans if span.kind in COMPUTE and span.step in measured):
+            lengths[stages[span.chunk], span.kind].append(span.end - span.start)
+    mean_ms = lambda times: 1e3 * sum(times) / len(times)  # noqa: E731
+    summary["span_ms"] = {kind: mean_ms([time for (_, of), times in lengths.items() if of == kind for time in times])
+                          for kind in COMPUTE if any(of == kind for _, of in lengths)}
+    at_costs = [{kind: mean_ms(lengths[stage, kind]) if lengths[stage, kind] else ms
+                 for kind, ms in summary["span_ms"].items()} for stage in range(len(args.blocks))]
+    summary["bubble_at_costs"] = _replayed(ranks, measured[-1], num_stages, at_costs)[busiest]
+    if "bubble_theory" not in summary:  # no closed form for it: the schedule's order at the paced spans, the
+        paced = theory.paced_spans(theory.counted_costs(args.blocks, args.hidden, args.classes))  # busiest rank's
+        summary["bubble_theory"] = min(_replayed(ranks, measured[-1], num_stages, paced))
     summary["sends_before_receive"] = _sends_before_receive(ranks, measured)
     summary["sent_bytes"] = [sum(post.nbytes for post in rank.posts if post.is_send and post.step in measured)
                              // len(measured) for rank in ranks]
@@ -159,16 +189,13 @@ def _compare(args, summary, ranks, measured):
 
 def _replayed(ranks, step, num_stages, span_ms):
     """Each rank's bubble if every pipeline ran the order its ranks computed in `step`, with every
-    span of a kind taking span_ms[kind]. Stages are ordered by their first layer."""
-    bubbles = []
+    span of a kind on a stage taking span_ms[stage][kind]. Stages are ordered by their first layer."""
+    bubbles, stages = [], _stages(ranks)
     for first in range(0, len(ranks), num_stages):
         pipeline = ranks[first:first + num_stages]
         schedules = [[(span.kind, span.chunk, span.micro_batch) for span in sorted(rank.spans, key=lambda s: s.start)
                       if span.step == step and span.kind in COMPUTE] for rank in pipeline]
-        firsts = sorted({first for rank in pipeline for first, _ in rank.layers})  # 08: a stage's shards share it
-        stages = {(rank, chunk): firsts.index(first)
-                  for rank, records in enumerate(pipeline) for chunk, (first, _) in enumerate(records.layers)}
-        bubbles += theory.bubbles(schedules, lambda rank, chunk: stages[rank, chunk], len(firsts), span_ms)
+        bubbles += theory.bubbles(schedules, lambda rank, chunk: stages[first + rank][chunk], len(span_ms), span_ms)
     return bubbles
 
 
@@ -191,7 +218,8 @@ def _table(summary, layers):
     n, column = summary["world_size"], lambda key, form="": [format(value, form) for value in summary[key]]
     columns = [("rank", range(n)), ("layers", [",".join(f"{first}-{last - 1}" for first, last in chunks)
                                                for chunks in layers]),
-               ("compute ms", column("compute_ms", ".1f")), ("idle ms", column("idle_ms", ".1f")),
+               ("cost", column("counted_cost", ".4g")), ("compute ms", column("compute_ms", ".1f")),
+               ("idle ms", column("idle_ms", ".1f")),
                ("bubble", column("bubble_per_rank", ".3f")), ("theory", [f"{summary['bubble_theory']:.3f}"] * n),
                ("in flight", column("peak_inflight_microbatches")),
                ("theory", column("expected_inflight_microbatches")),
@@ -209,6 +237,7 @@ def _table(summary, layers):
     lines.append(f"step time (median) {summary['step_ms_median']:.1f} ms, bubble {summary['bubble_measured']:.3f} "
                  f"measured (mean over ranks), {summary['bubble_theory']:.3f} in theory; busiest rank "
                  f"{summary['busiest_rank']}: {summary['bubble_busiest']:.3f}")
+    lines.append(_bound(summary))
     if "allreduce_ms" in summary:
         lines.append("all-reduce: ms a step from the start of the rank's gradient all-reduce to its end; hidden: "
                      "the part of it within its pipeline's span (the first forward to the last computation)")
@@ -225,6 +254,19 @@ def _table(summary, layers):
         lines.append(f"--overhead: {instrumented:.1f} ms a step instrumented (even steps), {bare:.1f} ms bare "
                      f"(odd steps), medians: {100 * (instrumented / bare - 1):+.1f}%")
     return "\n".join(lines)
+
+
+def _bound(summary):
+    """The line on the stage that bounds the step, and where it costs far more than the mean stage under
+    --partition even, the flag that shares the blocks out by cost."""
+    costs, stage = summary["stage_costs"], summary["bounding_stage"]
+    ratio = costs[stage] / (sum(costs) / len(costs))
+    line = (f"cost: each rank's F + I + W a step, counted in block forwards; stage {stage} bounds the step at "
+            f"{costs[stage]:.4g} a micro-batch, {ratio:.2f}x the mean stage")
+    if ratio >= 1.25 and summary["partition"] == "even":
+        line += (f"; the other stages wait on it: --partition balanced shares the blocks out by cost "
+                 f"(its head alone costs {summary['classes'] / summary['hidden'] * 3:.3g} blocks' worth)")
+    return line
 
 
 def _bytes(count):

@@ -13,6 +13,8 @@ from types import SimpleNamespace
 
 import torch
 
+import common
+import theory
 from theory import stage
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
@@ -238,6 +240,16 @@ def settled(runs, again, start, pace, expected=None, tolerance=0.03):
         pace *= 2
         run = start(again, ("--pace", f"{pace:g}"))
     return run
+
+
+def paced_theory(tables, placement, layers, hidden=24, classes=10, blocks=None, unit=theory.UNIT_SPANS):
+    """A script's bubble_theory: the busiest rank's bubble when its table is replayed at --pace's spans of the
+    stages' counted costs (theory.paced_spans; unit: UNIT_COSTS for 09, which runs a full backward as I then W),
+    each stage's blocks `blocks`, or the even partition of `layers`."""
+    n, chunks = len(tables), 1 + max(chunk for table in tables for _, chunk, _ in table)
+    blocks = blocks or [last - first for first, last in common.partition(layers, n * chunks)]
+    spans = theory.paced_spans(theory.counted_costs(blocks, hidden, classes), unit)
+    return theory.busiest_bubble(tables, lambda rank, chunk: stage(placement, n, rank, chunk), n * chunks, spans)
 
 
 def pipelined(runs, script, world, micro_batches, *extra, size=SIZE):

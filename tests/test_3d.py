@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import common
+import schedules
 from tests.launch import (
     ENV,
     EXACT,
@@ -28,6 +29,7 @@ from tests.launch import (
     assert_matches,
     assert_one_sentence,
     case_ids,
+    paced_theory,
     program,
     run_quietly,
     settled,
@@ -113,7 +115,8 @@ def test_counts_are_the_formulas(runs, copies, stages, shards, micro_batches, fl
             row_bytes = (HIDDEN + pairs * (HIDDEN + HIDDEN // shards) + odd * HIDDEN) * FLOAT64
             sizes = [len(rows) for rows in torch.arange(share(copy, copies)).tensor_split(micro_batches)]
             assert summary["peak_activation_bytes"][rank] == sum(sizes[:min(stages - stage, micro_batches)]) * row_bytes
-    assert summary["bubble_theory"] == pytest.approx((stages - 1) / (micro_batches + stages - 1))
+    assert summary["bubble_theory"] == pytest.approx(paced_theory(schedules.one_f_one_b(stages, micro_batches), "loop",
+                                                                  LAYERS))
     header = next(line for line in run.stdout.splitlines() if line.split()[:2] == ["rank", "layers"])
     assert header.split()[-3:] == ["TP", "params", "theory"]
     computations = [event for event in run.trace["traceEvents"] if event.get("cat") in ("forward", "backward")]
@@ -137,7 +140,7 @@ def every_step(runs, tmp_path_factory, mutation=""):
 
 def baseline_model():
     """The baseline's parameters as built, in the optimizer's order."""
-    args = types.SimpleNamespace(layers=LAYERS, hidden=HIDDEN, seed=0, dtype="float64")
+    args = types.SimpleNamespace(layers=LAYERS, hidden=HIDDEN, classes=10, blocks=[LAYERS], seed=0, dtype="float64")
     return common.build_stage(args, 0, 1, "cpu")
 
 
@@ -220,7 +223,7 @@ def test_paced_bubble_is_1f1b(runs, again, baseline):
     """--pace 50 at 2 stages x 2 shards: each F and B holds its shards' all-reduces and is padded to 50 ms as a
     whole. (A shard whose partner starts a span later waits for it inside the span: the first step, as the ranks
     start at different moments, can overrun the pace; it is not measured.)"""
-    theory = 1 / (4 + 2 - 1)
+    theory = paced_theory(schedules.one_f_one_b(2, 4), "loop", LAYERS)  # 1 / (4 + 2 - 1) were stages equal
 
     def start(runner, pace):
         return grid(runner, 1, 2, 2, 4, *pace)

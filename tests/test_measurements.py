@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from tests.launch import CASES, ENV, MEMORY, PROGRAMS, SIZE, case_ids, pipelined, torchrun
+import schedules
+from tests.launch import CASES, ENV, MEMORY, PROGRAMS, SIZE, case_ids, paced_theory, pipelined, torchrun
 from theory import one_f_one_b_inflight
 
 ROW_BYTES = 24 * 8  # one sample's activation: hidden 24, float64
@@ -68,6 +69,7 @@ def test_table_is_the_summary(runs):
     summary, span = run.summary, lambda first, last: f"{first}-{last - 1}"
     size = lambda count: f"{count / 2**20:.2f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"  # noqa: E731
     columns = [("rank", lambda rank: str(rank)), ("layers", lambda rank: span(*summary["stage_layers"][rank])),
+               ("cost", lambda rank: f"{summary['counted_cost'][rank]:.4g}"),
                ("compute ms", lambda rank: f"{summary['compute_ms'][rank]:.1f}"),
                ("idle ms", lambda rank: f"{summary['idle_ms'][rank]:.1f}"),
                ("bubble", lambda rank: f"{summary['bubble_per_rank'][rank]:.3f}"),
@@ -144,7 +146,7 @@ def test_bubble_is_recomputed_from_the_trace(runs):
         for e in spans:
             busy[e["pid"]] += e["dur"]
     bubbles = [1 - b / windows for b in busy]
-    assert summary["bubble_theory"] == pytest.approx(3 / 10)
+    assert summary["bubble_theory"] == pytest.approx(paced_theory(schedules.one_f_one_b(4, 7), "loop", 7))
     assert summary["bubble_per_rank"] == pytest.approx(bubbles, abs=1e-6)
     assert summary["bubble_measured"] == pytest.approx(sum(bubbles) / 4, abs=1e-6)
     assert summary["compute_ms"] == pytest.approx([b / 2 / 1e3 for b in busy], rel=1e-6)

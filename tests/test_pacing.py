@@ -6,8 +6,7 @@ need not must miss it; and the count of sends posted before their receive must b
 import pytest
 
 import schedules
-from tests.launch import EXACT, SYNC, assert_close, case_ids, pipelined, program, settled, size, variant
-from theory import bubbles, stage
+from tests.launch import EXACT, SYNC, assert_close, case_ids, paced_theory, pipelined, program, settled, size, variant
 
 PACE = ("--pace", "50")
 TOLERANCE = 0.03
@@ -21,11 +20,10 @@ TABLES = {"01_naive.py": lambda n, m, v: schedules.gpipe(n, 1),
           "05_zero_bubble.py": lambda n, m, v: schedules.zb_h1(n, m)}
 
 
-def theory(script, n, m, v=1):
-    """The busiest rank's bubble when the script's table is replayed with every computation one unit long
-    (a backward, full or split, is one span in 01-05)."""
-    unit = dict.fromkeys(("forward", "backward", "weight", "full_backward"), 1.0)
-    return max(bubbles(TABLES[script](n, m, v), lambda rank, chunk: stage("loop", n, rank, chunk), n * v, unit))
+def theory(script, n, m, v, layers):
+    """The busiest rank's bubble when the script's table is replayed at --pace's spans: each stage's counted cost
+    over the mean stage's (a backward, full or split, is one span in 01-05)."""
+    return paced_theory(TABLES[script](n, m, v), "loop", layers)
 
 
 # (script, world, micro-batches, virtual stages, layers, flags): worlds 2-4; m below, at and above n;
@@ -49,7 +47,7 @@ def paced(runs, script, world, micro_batches, virtual_stages, layers, flags, pat
 @pytest.mark.parametrize("script,world,micro_batches,virtual_stages,layers,flags", CASES,
                          ids=case_ids(CASES, "", "n", "m", "v", "L"))
 def test_paced_bubble_is_the_theory(runs, again, script, world, micro_batches, virtual_stages, layers, flags):
-    expected = theory(script, world, micro_batches, virtual_stages)
+    expected = theory(script, world, micro_batches, virtual_stages, layers)
 
     def start(runner, pace):
         return paced(runner, script, world, micro_batches, virtual_stages, layers, flags, pace=pace)
@@ -70,7 +68,7 @@ def test_waiting_where_it_need_not_misses_the_theory(runs, tmp_path, pace):
     launches at a longer pace rely on)."""
     slow = variant(tmp_path, "05_zero_bubble.py", prepend=program("w_after_the_pair"))
     run = paced(runs, "05_zero_bubble.py", 4, 8, 1, 7, (), path=slow, pace=("--pace", pace))
-    assert run.summary["bubble_busiest"] - theory("05_zero_bubble.py", 4, 8) > TOLERANCE
+    assert run.summary["bubble_busiest"] - theory("05_zero_bubble.py", 4, 8, 1, 7) > TOLERANCE
 
 
 def test_sends_before_receive_counted_by_hand(runs):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import harness
+import schedules
 from tests.launch import (
     ENV,
     EXACT,
@@ -23,6 +24,7 @@ from tests.launch import (
     assert_close,
     assert_one_sentence,
     case_ids,
+    paced_theory,
     program,
     start_ranks,
     two_nodes,
@@ -118,7 +120,8 @@ def test_allreduce_after_the_last_backward(runs, stages, copies, micro_batches, 
     assert header.split()[-2:] == ["all-reduce", "hidden"]
     assert summary["peak_inflight_microbatches"] == [min(stages - rank % stages, micro_batches)
                                                      for rank in range(stages * copies)]
-    assert summary["bubble_theory"] == pytest.approx((stages - 1) / (micro_batches + stages - 1))
+    assert summary["bubble_theory"] == pytest.approx(paced_theory(schedules.one_f_one_b(stages, micro_batches), "loop",
+                                                                  7))
 
 
 def check_first_stage_adds(run, one, stages, pace_ms):

@@ -13,6 +13,7 @@ from tests.launch import (
     assert_matches,
     assert_one_sentence,
     case_ids,
+    paced_theory,
     pipelined,
     run_quietly,
     settled,
@@ -20,7 +21,7 @@ from tests.launch import (
     torch_order,
     torchrun,
 )
-from theory import zbv_bubble, zbv_inflight
+from theory import zbv_inflight
 from tools.held import held_count
 
 SCRIPT = "06_zbv.py"
@@ -69,7 +70,7 @@ def test_schedule_is_pytorchs_zbv(runs, world, micro_batches, layers, flags):
     theory = [zbv_inflight(n, micro_batches, rank) for rank in range(n)]
     assert run.summary["peak_inflight_microbatches"] == theory
     assert run.summary["expected_inflight_microbatches"] == theory
-    assert run.summary["bubble_theory"] == pytest.approx(zbv_bubble(n, micro_batches))
+    assert run.summary["bubble_theory"] == pytest.approx(paced_theory(schedules.zbv(n, micro_batches), "v", layers))
 
 
 def test_held_bytes_are_the_theory(runs):
@@ -89,13 +90,14 @@ def test_paced_bubble_is_the_theory_and_below_05s(runs, again, world):
     """Every span padded to 50 ms (tests.launch.settled): the busiest rank's bubble is the theory's,
     (n - 1) / (6m + n - 1) at m = 2n, within 0.03, and below 05's measured the same way."""
     m, layers = 2 * world, 7 if world < 4 else 9
+    theory = paced_theory(schedules.zbv(world, m), "v", layers)  # zbv_bubble were the stages' costs equal
     def start(runner, pace):
         return zbv(runner, world, m, layers, *pace)
 
-    summary = settled(runs, again, start, 50, zbv_bubble(world, m)).summary
+    summary = settled(runs, again, start, 50, theory).summary
     assert summary["paced_overruns"] == 0
-    assert summary["bubble_at_costs"] == pytest.approx(zbv_bubble(world, m), abs=0.01), "its order, replayed"
-    assert summary["bubble_busiest"] == pytest.approx(zbv_bubble(world, m), abs=0.03)
+    assert summary["bubble_at_costs"] == pytest.approx(theory, abs=0.01), "its order, replayed"
+    assert summary["bubble_busiest"] == pytest.approx(theory, abs=0.03)
     zero_bubble = pipelined(runs, "05_zero_bubble.py", world, m, *PACE, size=size(layers)).summary
     assert summary["bubble_busiest"] < zero_bubble["bubble_busiest"]
 

@@ -47,8 +47,9 @@ class Simulation(NamedTuple):
 def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0):
     """A table's step, bubble, memory and messages in one call, at a stage's costs (stage_costs) and a message
     time. A rank holding num_chunks chunks holds 1/num_chunks of a stage in each: a chunk's computation costs
-    that share of a stage's, and its activations count as that share of a micro-batch's (its peak is counted
-    over its table: a rank's count changes only at its own computations). ValueError if the table cannot run."""
+    that share of a stage's (unless cost is a list, each chunk's own: theory.counted_costs), and its activations
+    count as that share of a micro-batch's (its peak is counted over its table: a rank's count changes only at
+    its own computations). ValueError if the table cannot run."""
     num_ranks = len(tables)
     stages = {(rank, chunk): theory.stage(placement, num_ranks, rank, chunk) for rank in range(num_ranks)
               for chunk in range(num_chunks)}
@@ -56,12 +57,12 @@ def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0)
     def stage_of(rank, chunk):
         return stages[rank, chunk]
 
-    chunk_cost = {kind: value / num_chunks for kind, value in cost.items()}
+    chunk_cost = cost if isinstance(cost, list) else {kind: value / num_chunks for kind, value in cost.items()}
     spans = theory.replay(tables, stage_of, num_ranks * num_chunks, chunk_cost, message)
     if len(spans) < sum(len(table) for table in tables):
         raise ValueError("the table cannot run: a rank waits for an input that the orders never make (deadlock).")
     step = max(end for _, end in spans.values()) - min(start for start, _ in spans.values())
-    busiest = max(sum(chunk_cost[kind] for kind, _, _ in table) for table in tables)
+    busiest = max(theory.computing(tables, stage_of, num_ranks * num_chunks, chunk_cost))
     return Simulation(step, 1 - busiest / step, [peak / num_chunks for peak in theory.peak_inflight(tables)],
                       messages(tables, stage_of, num_ranks * num_chunks), spans)
 

@@ -9,7 +9,7 @@ held_count    the same counted over any table (06, 09)
 import theory
 
 
-def held_theory(script, n, m, blocks, rows, hidden, recompute=False):
+def held_theory(script, n, m, blocks, rows, hidden, recompute=False, classes=10):
     """Each rank's peak held bytes (docs/design.md, *Memory* and *Recomputation*), in units of one micro-batch's
     rows x hidden activation, for 02, 03 and 05 with m > n and `blocks` = L >= 2 blocks a stage (06's and 09's:
     held_count, over their tables). A micro-batch in flight holds from F to B its input and its
@@ -18,10 +18,11 @@ def held_theory(script, n, m, blocks, rows, hidden, recompute=False):
     Linear's input and output gradient, 2L. Those in transit are the tensors the loop's variables keep (a
     gradient received, an activation and a gradient sent, until the next iteration) and, in GPipe, the
     activations sent, let go of once the first gradient is back. The last stage adds its loss's saved tensors,
-    `extra` (rows x 10 log-probabilities, the rows' labels, a total weight), and W the head's gradient, `head`."""
+    `extra` (rows x classes log-probabilities, the rows' labels, a total weight), and W the head's gradient,
+    `head`."""
     if script not in ("02_gpipe.py", "03_1f1b.py", "05_zero_bubble.py"):
         raise ValueError(f"held_theory counts 02, 03 and 05, not {script}: count its table with held_count.")
-    extra, head = (11 * rows + 1) / (rows * hidden), 10 / hidden
+    extra, head = ((classes + 1) * rows + 1) / (rows * hidden), classes / hidden
     L, peaks = blocks, []
     for rank in range(n):
         first, last, in_flight = rank == 0, rank == n - 1, min(n - rank, m)
@@ -45,7 +46,7 @@ def held_theory(script, n, m, blocks, rows, hidden, recompute=False):
     return peaks
 
 
-def held_count(tables, placement, blocks, rows, hidden, recompute=False):
+def held_count(tables, placement, blocks, rows, hidden, recompute=False, classes=10):
     """06's and 09's peaks, counted over their tables at one unit a computation (a full backward two, its B then
     its W), in rows x hidden units; blocks[s]: stage s's blocks (docs/design.md, *ZB-V*, held bytes). A chunk holds
     its input and its blocks' outputs from F to B (with --recompute its input alone, and the recomputed
@@ -54,9 +55,9 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False):
     moment it is made, and by its sender (a gradient; with --recompute an activation too, which no longer is a
     saved output) until it is used or, sooner, until the sender uses a tensor from that peer made no earlier
     than it (guarantees.release_on_arrival); the loop's `result` keeps the last F's or B's until the next ends.
-    The last stage holds its rows x 10 log-probabilities from F to B and their gradient from B to W, and its
+    The last stage holds its rows x classes log-probabilities from F to B and their gradient from B to W, and its
     loss the rows' labels and a total weight from F until its B begins (micro-batches of rows x hidden numbers)."""
-    head, labels = 10 / hidden, (rows + 1) / (rows * hidden)
+    head, labels = classes / hidden, (rows + 1) / (rows * hidden)
     n = len(tables)
     num_stages = n * (1 + max(chunk for table in tables for _, chunk, _ in table))
     stage_of = lambda rank, chunk: theory.stage(placement, n, rank, chunk)  # noqa: E731

@@ -40,13 +40,16 @@ SPEED = "--batch-size 256 --hidden 1024 --layers 16 --micro-batches 8"  # the de
 SPEED_STEPS, OVERHEAD_STEPS, DEFAULT = "--steps 10", "--steps 20", ""  # DEFAULT: the README's first command
 PP_DP = "--layers 7 --hidden 24 --steps 8 --threads 1 --lr 0.01 --dtype float64 --pace 30"
 SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS = 4, 4, 3
+HEAVY = "--layers 16 --hidden 1024 --classes 16384 --batch-size 256 --micro-batches 8 --steps 6"  # a heavy head
+HEAVY_ROUNDS = 3
 if args.quick:
     PACED = "--layers 8 --hidden 16 --batch-size 16 --steps 2 --pace 10"
     MEMORY = MEMORY.replace("--steps 3", "--steps 2")
     SPEED, SPEED_STEPS, OVERHEAD_STEPS = "--batch-size 16 --hidden 32 --layers 4 --micro-batches 4", "--steps 3", ""
     DEFAULT = "--hidden 32 --batch-size 16 --steps 6"
     PP_DP = PP_DP.replace("--steps 8", "--steps 2").replace("--pace 30", "--pace 10")
-    SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = 1
+    HEAVY = "--layers 4 --hidden 32 --classes 512 --batch-size 16 --micro-batches 4 --steps 3"
+    SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = HEAVY_ROUNDS = 1
     args.recompute_rounds = min(args.recompute_rounds, 1)
 
 started = time.time()
@@ -390,6 +393,49 @@ made, the ms spent in them (within the padded F and B), and the rank's parameter
 README's formula.
 
 {table(["rank", "stage", "shard", "sent (B)", "TP collectives", "TP bytes", "TP ms", "parameter bytes"], rows)}""")
+
+# (8) Stages that cost what they hold: a heavy head on 2 ranks, --partition even against balanced, round by round,
+# beside tools/plan.py's predicted ratio at the same counted costs.
+HEAVY_RUNS = [("03_1f1b.py", "", "1f1b"), ("05_zero_bubble.py", "", "zb-h1"),
+              ("09_any_schedule.py", "--schedule dualpipev", "dualpipev")]
+model = HEAVY.split()
+model_flags = {flag: int(value) for flag, value in zip(model[::2], model[1::2])}
+command = [sys.executable, "tools/plan.py", "--stages", "2", "--micro-batches", str(model_flags["--micro-batches"]),
+           *model[:6], "--json"]
+planned = [json.loads(line) for line in subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                                                       check=True).stdout.splitlines()]
+rows = []
+for script, flags, name in HEAVY_RUNS:
+    rounds = []
+    for round_ in range(HEAVY_ROUNDS):  # which of the two runs first alternates
+        pair = {split: run(script, 2, f"{HEAVY} {flags} --partition {split}")
+                for split in ("even", "balanced")[::1 - 2 * (round_ % 2)]}
+        rounds.append((pair["even"], pair["balanced"]))
+    even, balanced = rounds[0]
+    steps = {split: [{"even": a, "balanced": b}[split]["step_ms_median"] for a, b in rounds]
+             for split in ("even", "balanced")}
+    measured = median([b["step_ms_median"] / a["step_ms_median"] for a, b in rounds])
+    mine = {tuple(row["partition"]): row["step"] for row in planned if row["schedule"] == name}
+    predicted = mine[tuple(balanced["blocks"])] / mine[tuple(even["blocks"])]
+    rows.append([f"`{script[:-3]}{' ' + flags if flags else ''}`", ",".join(map(str, even["blocks"])),
+                 ",".join(map(str, balanced["blocks"])), f"{median(steps['even']):.0f}",
+                 f"{median(steps['balanced']):.0f}", f"{measured:.3f}", f"{predicted:.3f}",
+                 f"{measured / predicted - 1:+.1%}", per_rank(f"{b / a:.3f}" for a, b in zip(*steps.values()))])
+heavy_table = table(["2 ranks", "even", "balanced", "step even (ms)", "step balanced (ms)", "balanced / even",
+                     "plan.py's", "measured over predicted", "each round"], rows)
+readme_blocks["partition"] = heavy_table
+out.append(f"""## Stages that cost what they hold: a heavy head
+
+On two ranks, `{HEAVY}`: the head is a {model_flags['--hidden']} x {model_flags['--classes']} matrix,
+{model_flags['--classes'] / model_flags['--hidden']:g} blocks' worth. Each script ran with `--partition even` and
+`--partition balanced` in {HEAVY_ROUNDS} rounds, the two one after the other, which first alternating, in real
+arithmetic (no --pace). Steps are each run's median step (the first left out), then the median over the rounds;
+the ratio is the median of each round's. plan.py's is its replay at the counted costs, balanced over even
+(`{' '.join(command[1:])}`).
+
+{ran()}
+
+{heavy_table}""")
 
 # The machine, the code, the date: what every figure above depends on.
 with open("/proc/cpuinfo") as file:

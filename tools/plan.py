@@ -4,6 +4,7 @@ a stage's costs, one row each, the fastest first. No processes: each row is a re
     python tools/plan.py --stages 8 --micro-batches 32 --costs 1,2,1
     python tools/plan.py --stages 8 --micro-batches 32 --costs-from /tmp/trace.json --memory 8 --json
     python tools/plan.py --stages 4 --micro-batches 8 --costs 1,2,1 --save plan.csv --svg plan.svg
+    python tools/plan.py --stages 2 --micro-batches 8 --layers 16 --hidden 1024 --classes 16384
     torchrun --nproc_per_node=4 09_any_schedule.py --schedule plan.csv --micro-batches 8
 
 step: the pipeline's span, first start to last end, in cost units. bubble: the busiest rank's idle share of it, as a
@@ -12,6 +13,8 @@ chunks is 1/v of a stage), on the rank that holds most and on rank 0. messages: 
 rank in a step, the most of any rank. search: tools/search.py on whichever placement is faster: the loop at one
 chunk a rank or at --virtual-stages, or the V. It is the row plan.py recommends (never slower than a row that fits
 --memory): --save writes its table as PyTorch's compute_only CSV, which 09 and PyTorch's runtime run.
+With --layers, every stage costs what it holds (theory.counted_costs, in block forwards; the search is run at the
+mean stage's), and each row comes twice: at --partition's split (even unless given) and at its balanced split.
 """
 
 import argparse
@@ -40,6 +43,7 @@ class Row(NamedTuple):
     tables: list = None
     simulation: costs.Simulation = None
     error: str = None
+    partition: list = None  # with --layers: each stage's blocks
 
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1])
@@ -55,6 +59,8 @@ parser.add_argument("--memory", type=float, help="the most activations a rank ma
                     "(default: no mark, and the search holds at most n, as 1F1B)")
 harness.flags.add_flags(parser, "--json", "--svg")
 parser.add_argument("--save", metavar="FILE.csv", help="write the search's table, in PyTorch's compute_only CSV")
+harness.flags.add_flags(parser, "--layers", "--hidden", "--classes", "--partition")
+parser.set_defaults(layers=None)  # --costs, unless the model is given
 
 
 def costs_from_trace(path):
@@ -98,6 +104,55 @@ def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory):
     return rows + [searched]
 
 
+def split(args, num_stages):
+    """--partition's blocks for num_stages stages (even, or the counts given), or ValueError with a sentence."""
+    if args.partition == "even":
+        if num_stages > args.layers:
+            raise ValueError(f"{num_stages} stages cannot share --layers {args.layers}.")
+        base, leftover = divmod(args.layers, num_stages)
+        return [base + (stage < leftover) for stage in range(num_stages)]
+    blocks = [int(count) for count in args.partition.split(",")]
+    if len(blocks) != num_stages:
+        raise ValueError(f"--partition {args.partition} gives {len(blocks)} stages, this layout has {num_stages}.")
+    return blocks
+
+
+def partitioned(row, args):
+    """A row at the stages' counted costs: at --partition's split (unless it is balanced) and at the balanced split
+    of its table, one row each (one if the two are the same)."""
+    if row.error:
+        return [row]
+    num_ranks, num_stages = len(row.tables), len(row.tables) * row.chunks
+
+    def stage_of(rank, chunk):
+        return theory.stage(row.placement, num_ranks, rank, chunk)
+
+    try:
+        splits = [] if args.partition == "balanced" else [split(args, num_stages)]
+    except ValueError as error:
+        return [row._replace(error=str(error))]
+    balanced = theory.balanced(args.layers, row.tables, stage_of, num_stages, args.hidden, args.classes)
+    rows = []
+    for blocks in splits + [balanced] * (balanced not in splits):
+        stage_costs = theory.counted_costs(blocks, args.hidden, args.classes)
+        rows.append(row._replace(partition=blocks, simulation=costs.simulate(row.tables, row.placement, row.chunks,
+                                                                             stage_costs)))
+    return rows
+
+
+def model_costs(args):
+    """The mean stage's counted costs (the search's): the whole model's, shared by --stages. Checks the model flags."""
+    for flag in ("layers", "hidden", "classes"):
+        if getattr(args, flag) < 1:
+            harness.fail(f"--{flag} is {getattr(args, flag)}: pass 1 or more.")
+    if args.partition not in ("even", "balanced") and not all(count.strip().isdigit()
+                                                               for count in args.partition.split(",")):
+        harness.fail(f"--partition takes even, balanced, or each stage's blocks as whole numbers N0,N1,..., "
+                     f"not {args.partition}.")
+    whole = theory.counted_costs([args.layers], args.hidden, args.classes)[0]
+    return {kind: cost / args.stages for kind, cost in whole.items()}
+
+
 def over_memory(simulation, memory):
     """Whether the rank that holds most holds more than --memory (None: no --memory given)."""
     return None if memory is None else max(simulation.peak_inflight) > memory + 1e-9
@@ -133,7 +188,8 @@ def write_svg(path, row, cost):
         for kind, chunk, micro_batch in table:
             stage = theory.stage(row.placement, len(row.tables), rank, chunk)
             start, _ = row.simulation.spans[kind, stage, micro_batch]
-            x, w = left + start * scale, cost[kind] / row.chunks * scale
+            length = cost[stage][kind] if isinstance(cost, list) else cost[kind] / row.chunks
+            x, w = left + start * scale, length * scale
             parts.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{height - 4}" '
                          f'fill="{COLOURS.get(kind, COLOURS["backward"])}" stroke="white"/>')
     with open(path, "w") as file:
@@ -156,15 +212,20 @@ def main():
             cost, message = costs.parse_costs(args.costs)
         except ValueError as error:
             harness.fail(str(error))
+    if args.layers is not None:
+        cost, message = model_costs(args), 0.0
     forward, backward, weight = (cost[kind] for kind in KINDS)
     memory = args.stages if args.memory is None else args.memory
     rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory)
-    searched = rows[-1]
+    if args.layers is not None:
+        rows = [split_row for row in rows for split_row in partitioned(row, args)]
+    searched = rows[-1]  # with --layers, at its balanced split
     if args.save:
         with open(args.save, "w") as file:
             file.write(to_csv(searched.tables, searched.placement))
     if args.svg:
-        write_svg(args.svg, searched, cost)
+        write_svg(args.svg, searched, cost if searched.partition is None else
+                  theory.counted_costs(searched.partition, args.hidden, args.classes))
     rows.sort(key=lambda row: row.simulation.step if row.simulation else math.inf)
     if args.json:
         for row in rows:
@@ -172,12 +233,20 @@ def main():
                 "step": row.simulation.step, "bubble": row.simulation.bubble,
                 "peak_inflight": row.simulation.peak_inflight, "messages": row.simulation.messages,
                 "over_memory": over_memory(row.simulation, args.memory)}
+            if row.partition is not None:
+                fields.update(partition=row.partition, stage_costs=[
+                    {kind: cost[kind] for kind in KINDS}
+                    for cost in theory.counted_costs(row.partition, args.hidden, args.classes)])
             print(json.dumps({"schedule": row.schedule, "placement": row.placement, "chunks": row.chunks, **fields}))
         return
-    print(f"n = {args.stages} ranks, m = {args.micro_batches} micro-batches; a stage's F {forward:g}, B {backward:g}, "
-          f"W {weight:g}, message {message:g}; the search within memory {memory:g}")
+    model = (f"--layers {args.layers}, --hidden {args.hidden}, --classes {args.classes}: each stage's counted costs "
+             f"(the mean stage's F {forward:.4g}, B {backward:.4g}, W {weight:.4g} block forwards)"
+             if args.layers is not None else
+             f"a stage's F {forward:g}, B {backward:g}, W {weight:g}, message {message:g}")
+    print(f"n = {args.stages} ranks, m = {args.micro_batches} micro-batches; {model}; the search within memory "
+          f"{memory:g}")
     print(f"{'schedule':<24} {'placement':>9} {'chunks':>6} {'step':>10} {'bubble':>7} {'peak':>6} {'rank 0':>6} "
-          f"{'messages':>8}")
+          f"{'messages':>8}" + "  partition" * (args.layers is not None))
     for row in rows:
         start = f"{row.schedule:<24} {row.placement:>9} {row.chunks:>6}"
         if row.error:
@@ -185,8 +254,9 @@ def main():
             continue
         simulation = row.simulation
         mark = "  over --memory" if over_memory(simulation, args.memory) else ""
+        blocks = "" if row.partition is None else "  " + ",".join(map(str, row.partition))
         print(f"{start} {simulation.step:>10.1f} {simulation.bubble:>7.3f} {max(simulation.peak_inflight):>6g} "
-              f"{simulation.peak_inflight[0]:>6g} {max(simulation.messages):>8}{mark}")
+              f"{simulation.peak_inflight[0]:>6g} {max(simulation.messages):>8}{blocks}{mark}")
     saved = f"; its table is in {args.save}: run it with 09_any_schedule.py --schedule {args.save}" * bool(args.save)
     print(f"recommended: search ({searched.placement}, {searched.chunks} chunk(s) a rank){saved}")
 
