@@ -265,7 +265,7 @@ def _bound(summary):
             f"{costs[stage]:.4g} a micro-batch, {ratio:.2f}x the mean stage")
     if ratio >= 1.25 and summary["partition"] == "even":
         line += (f"; the other stages wait on it: --partition balanced shares the blocks out by cost "
-                 f"(its head alone costs {summary['classes'] / summary['hidden'] * 3:.3g} blocks' worth)")
+                 f"(the head alone costs {summary['classes'] / summary['hidden']:.3g} blocks' worth)")
     return line
 
 

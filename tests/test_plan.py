@@ -8,13 +8,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
 import schedules
 import theory
 from tools import costs, search
-from tools.plan import to_csv
+from tools.plan import Row, partitioned, to_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("forward", "backward", "weight")
@@ -60,6 +61,22 @@ def test_every_schedule_at_64_stages_and_256_micro_batches_in_under_10_seconds()
     elapsed = time.perf_counter() - start
     assert set(found) == {*schedules.SCHEDULES, "search"}
     assert elapsed < 10, f"{elapsed:.1f} s"
+
+
+def test_every_schedule_balanced_at_64_stages_256_micro_batches_and_512_blocks_in_under_20_seconds():
+    """tools/plan.py --layers 512 --hidden 1024 --classes 16384 at 64 stages and 256 micro-batches: each schedule's
+    rows at the even and the balanced split (plan.partitioned) in under 20 s, table and replays included. (The
+    search's own time is the test above's.)"""
+    model = SimpleNamespace(layers=512, hidden=1024, classes=16384, partition="even")
+    for name, (_, placement) in schedules.SCHEDULES.items():
+        chunks = 2 if schedules.takes_virtual_stages(name) or placement == "v" else 1
+        start = time.perf_counter()
+        row = Row(name, placement, chunks, schedules.table(name, 64, 256, chunks))
+        even, balanced = partitioned(row, model)
+        elapsed = time.perf_counter() - start
+        assert even.partition == [8 // chunks] * 64 * chunks, name
+        assert balanced.simulation.step < even.simulation.step and sum(balanced.partition) == 512, name
+        assert elapsed < 20, f"{name}: {elapsed:.1f} s"
 
 
 def test_json_rows_name_every_schedule_and_carry_its_numbers():
