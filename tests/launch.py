@@ -196,6 +196,18 @@ def wait_ranks(ranks, timeout):
     return [rank.wait() for rank in ranks]
 
 
+def refusal(tmp_path, script, world, *flags):
+    """Rank 0 alone of a world of `world`, forked from the zygote, for a mistake in the flags, which every rank finds
+    before it meets another (tests/test_failures.py shows the others stop too): its exit code and stderr."""
+    out = tmp_path / f"refusal{len(list(tmp_path.glob('refusal*')))}"
+    out.mkdir()
+    env = {**ENV, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    rank = Forked([sys.executable, script, *flags], env, out / "stdout", out / "stderr")
+    (code,) = wait_ranks([rank], 60)
+    return code, (out / "stderr").read_text()
+
+
 def launch(tmp_path, script, nproc, *flags, timeout=120):
     """Run `script` with `nproc` ranks (0: plain python) and collect its outputs."""
     out = tmp_path / f"{os.path.basename(script)}-{nproc}-{'_'.join(flags).replace('-', '')}"

@@ -15,13 +15,11 @@ from tests.launch import (
     HERE,
     SYNC,
     assert_matches,
-    assert_one_sentence,
     case_ids,
     paced_theory,
-    run_quietly,
+    refusal,
     settled,
     size,
-    torchrun,
 )
 
 HEAVY = ("--classes", "96")  # at --hidden 24 the head is 4 blocks' worth
@@ -144,10 +142,12 @@ def test_a_heavy_head_stalls_the_even_split_and_balanced_fixes_it(runs, again):
     (2, ("--partition", "2,2,2,1", "--virtual-stages", "3"), ("gives 4 stages", "has 6")),
     (2, ("--classes", "0"), ("--classes must be at least 1",)),
 ])
-def test_bad_partition_is_one_sentence(world, flags, words):
+def test_bad_partition_is_one_sentence(tmp_path, world, flags, words):
     script = "04_interleaved_1f1b.py" if "--virtual-stages" in flags else "03_1f1b.py"
-    result, _ = run_quietly(torchrun(world, script, *size(7), "--micro-batches", "2", *flags))
-    assert_one_sentence(result, *words)
+    code, stderr = refusal(tmp_path, script, world, *size(7), "--micro-batches", "2", *flags)
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in stderr, stderr
+    assert all(word in errors[0] for word in words), errors[0]
 
 
 def test_plan_prints_each_schedule_at_both_splits():

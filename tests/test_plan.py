@@ -79,11 +79,22 @@ def test_every_schedule_balanced_at_64_stages_256_micro_batches_and_512_blocks_i
         assert elapsed < 20, f"{name}: {elapsed:.1f} s"
 
 
+@pytest.mark.parametrize("n,m", [(2, 4), (4, 8), (4, 12), (6, 12)])
+def test_bubble_window_is_the_papers_rate(n, m):
+    """bubble_window, the zero-bubble paper's rate, against bubble: in 1F1B rank 0's window is the whole step, so
+    the two agree; ZB-V fills each rank's window from its first F to its last W once m >= 2n (the paper's "zero
+    bubble"), while its bubble over the pipeline's span is (n - 1) / (6m + n - 1)."""
+    one_f_one_b = simulated(schedules.one_f_one_b(n, m), "loop", theory.UNIT_COSTS)
+    assert one_f_one_b.bubble_window == pytest.approx(one_f_one_b.bubble)
+    zbv = costs.simulate(schedules.zbv(n, m), "v", 2)
+    assert zbv.bubble_window == pytest.approx(0, abs=1e-12) and zbv.bubble == pytest.approx(theory.zbv_bubble(n, m))
+
+
 def test_json_rows_name_every_schedule_and_carry_its_numbers():
     found = rows("--stages", "4", "--micro-batches", "8", "--costs", "1,2,1,0.5", "--memory", "4")
     assert set(found) == {*schedules.SCHEDULES, "search"}  # the names --schedule takes, and the search's
     for row in found.values():
-        assert row.keys() >= {"schedule", "step", "bubble", "peak_inflight", "messages"}
+        assert row.keys() >= {"schedule", "step", "bubble", "bubble_window", "peak_inflight", "messages"}
         assert len(row["peak_inflight"]) == len(row["messages"]) == 4
     assert found["1f1b"]["peak_inflight"] == [4, 3, 2, 1]
     assert found["1f1b"]["messages"] == [8, 16, 16, 8]  # m forwards out of rank 0; m each way in the middle

@@ -39,6 +39,7 @@ class Simulation(NamedTuple):
     """A table replayed at given costs: what tools/plan.py prints of it."""
     step: float  # from the first start to the last end
     bubble: float  # the busiest rank's idle share of the step, as a script's bubble_theory
+    bubble_window: float  # the zero-bubble paper's: 1 - the busiest rank's work over the longest rank's window
     peak_inflight: list  # each rank's most activations alive at once, in micro-batches of a stage
     messages: list  # each rank's tensors sent to another rank
     spans: dict  # {(kind, stage, micro_batch): (start, when its result is out)}, as replay gives them
@@ -63,7 +64,12 @@ def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0)
         raise ValueError("the table cannot run: a rank waits for an input that the orders never make (deadlock).")
     step = max(end for _, end in spans.values()) - min(start for start, _ in spans.values())
     busiest = max(theory.computing(tables, stage_of, num_ranks * num_chunks, chunk_cost))
-    return Simulation(step, 1 - busiest / step, [peak / num_chunks for peak in theory.peak_inflight(tables)],
+    windows = []  # each rank's, from its first computation's start to its last's end
+    for rank, table in enumerate(tables):
+        mine = [spans[kind, stage_of(rank, chunk), micro_batch] for kind, chunk, micro_batch in table]
+        windows.append(max(end for _, end in mine) - min(start for start, _ in mine))
+    return Simulation(step, 1 - busiest / step, 1 - busiest / max(windows),
+                      [peak / num_chunks for peak in theory.peak_inflight(tables)],
                       messages(tables, stage_of, num_ranks * num_chunks), spans)
 
 

@@ -8,7 +8,9 @@ a stage's costs, one row each, the fastest first. No processes: each row is a re
     torchrun --nproc_per_node=4 09_any_schedule.py --schedule plan.csv --micro-batches 8
 
 step: the pipeline's span, first start to last end, in cost units. bubble: the busiest rank's idle share of it, as a
-script's bubble_theory. peak: activations alive at once, in micro-batches of a stage (a chunk of a rank holding v
+script's bubble_theory. window: the zero-bubble paper's bubble rate, 1 - the busiest rank's work over the longest
+rank's window (its first computation's start to its last's end), which leaves out a rank's wait before its first F
+and after its last W. peak: activations alive at once, in micro-batches of a stage (a chunk of a rank holding v
 chunks is 1/v of a stage), on the rank that holds most and on rank 0. messages: the tensors a rank sends to another
 rank in a step, the most of any rank. search: tools/search.py on whichever placement is faster: the loop at one
 chunk a rank or at --virtual-stages, or the V. It is the row plan.py recommends (never slower than a row that fits
@@ -231,6 +233,7 @@ def main():
         for row in rows:
             fields = {"error": row.error} if row.error else {
                 "step": row.simulation.step, "bubble": row.simulation.bubble,
+                "bubble_window": row.simulation.bubble_window,
                 "peak_inflight": row.simulation.peak_inflight, "messages": row.simulation.messages,
                 "over_memory": over_memory(row.simulation, args.memory)}
             if row.partition is not None:
@@ -245,8 +248,8 @@ def main():
              f"a stage's F {forward:g}, B {backward:g}, W {weight:g}, message {message:g}")
     print(f"n = {args.stages} ranks, m = {args.micro_batches} micro-batches; {model}; the search within memory "
           f"{memory:g}")
-    print(f"{'schedule':<24} {'placement':>9} {'chunks':>6} {'step':>10} {'bubble':>7} {'peak':>6} {'rank 0':>6} "
-          f"{'messages':>8}" + "  partition" * (args.layers is not None))
+    print(f"{'schedule':<24} {'placement':>9} {'chunks':>6} {'step':>10} {'bubble':>7} {'window':>7} {'peak':>6} "
+          f"{'rank 0':>6} {'messages':>8}" + "  partition" * (args.layers is not None))
     for row in rows:
         start = f"{row.schedule:<24} {row.placement:>9} {row.chunks:>6}"
         if row.error:
@@ -255,7 +258,8 @@ def main():
         simulation = row.simulation
         mark = "  over --memory" if over_memory(simulation, args.memory) else ""
         blocks = "" if row.partition is None else "  " + ",".join(map(str, row.partition))
-        print(f"{start} {simulation.step:>10.1f} {simulation.bubble:>7.3f} {max(simulation.peak_inflight):>6g} "
+        print(f"{start} {simulation.step:>10.1f} {simulation.bubble:>7.3f} {simulation.bubble_window:>7.3f} "
+              f"{max(simulation.peak_inflight):>6g} "
               f"{simulation.peak_inflight[0]:>6g} {max(simulation.messages):>8}{blocks}{mark}")
     saved = f"; its table is in {args.save}: run it with 09_any_schedule.py --schedule {args.save}" * bool(args.save)
     print(f"recommended: search ({searched.placement}, {searched.chunks} chunk(s) a rank){saved}")
