@@ -278,10 +278,38 @@ def test_save_writes_the_search_table_and_svg_draws_it(tmp_path, flags):
     assert (tmp_path / "plan.svg").read_text().count("<rect") == 1 + sum(len(table) for table in tables)
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 6, 8])
+@pytest.mark.parametrize("more", [0, 1, 5])
+def test_dualpipev_idles_deepseeks_formula(n, more):
+    """DeepSeek-V3's Table 2: DualPipe's bubble is (PP/2 - 1)(F&B + B - 3W), F a forward chunk, B a full backward
+    chunk, W its weight part, F&B a forward and a backward overlapped. At F = I = W = 1 a chunk and no overlap
+    (F&B = F + B = 3, B = 2), n - 2: the most any rank idles within its own window, first computation to last,
+    at m = 2n and more. (Our dualpipev is PyTorch's ScheduleDualPipeV.)"""
+    m = 2 * n + more
+    tables = schedules.dualpipev(n, m)
+    simulation = costs.simulate(tables, "v", 2, costs.stage_costs(2, 2, 2))  # a chunk: half a stage, 1, 1, 1
+    idle = []
+    for rank, table in enumerate(tables):
+        mine = [simulation.spans[kind, theory.stage("v", n, rank, chunk), i] for kind, chunk, i in table]
+        window = max(end for _, end in mine) - min(start for start, _ in mine)
+        idle.append(window - 6 * m)  # every rank computes m (F + I + W) on each of its two chunks
+    assert max(idle) == pytest.approx((n / 2 - 1) * (3 + 2 - 3 * 1))
+
+
+@pytest.mark.parametrize("placement", ["loop", "v"])
+def test_placement_keeps_the_plan_and_its_search_to_one(placement):
+    """--placement loop|v: only that placement's schedules, and the search on it alone (at the costs where the
+    other placement's search wins)."""
+    found = rows("--stages", "4", "--micro-batches", "8", "--costs", "1,2,1", "--placement", placement)
+    assert set(found) == {name for name, (_, where) in schedules.SCHEDULES.items() if where == placement} | {"search"}
+    assert all(row["placement"] == placement for row in found.values())
+
+
 @pytest.mark.parametrize("flags", [
     ["--memory", "0.5"], ["--costs", "1,x,1"], ["--costs", "1,2"], ["--costs", "1,0,1"], ["--costs", "1,1,1,-1"],
     ["--costs-from", "TRACE_WITHOUT_SPANS"], ["--costs-from", "NO_SUCH_FILE"], ["--costs-from", "NOT_JSON"],
-    ["--stages", "0"], ["--stages", "four"]])
+    ["--stages", "0"], ["--stages", "four"], ["--placement", "ring"], ["--layers", "8", "--partition", "4,x"],
+    ["--layers", "0"]])
 def test_bad_input_is_one_sentence_and_a_failure(flags, tmp_path):
     write_trace(tmp_path / "empty.json", [{"name": "wait", "cat": "wait", "ph": "X", "ts": 0, "dur": 5}])
     (tmp_path / "garbage.json").write_text("{not json")

@@ -59,6 +59,8 @@ cost_flags.add_argument("--costs-from", metavar="TRACE",
 parser.add_argument("--memory", type=float, help="the most activations a rank may hold, in micro-batches of a stage "
                     "(a chunk of a rank holding v is 1/v): rows over it are marked and the search keeps within it "
                     "(default: no mark, and the search holds at most n, as 1F1B)")
+parser.add_argument("--placement", choices=("loop", "v"),
+                    help="plan on this placement alone, the search's included (default: both)")
 harness.flags.add_flags(parser, "--json", "--svg")
 parser.add_argument("--save", metavar="FILE.csv", help="write the search's table, in PyTorch's compute_only CSV")
 harness.flags.add_flags(parser, "--layers", "--hidden", "--classes", "--partition")
@@ -88,15 +90,19 @@ def costs_from_trace(path):
     return means
 
 
-def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory):
-    """Every schedule's row, and the search's on whichever placement is faster (searched first: it checks memory)."""
+def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placements=("loop", "v")):
+    """Every schedule's row on `placements`, and the search's on whichever of them is faster (searched first: it
+    checks memory)."""
     try:
-        placement, chunks, tables = search.best_search(num_ranks, num_microbatches, cost, memory, message, num_chunks)
+        placement, chunks, tables = search.best_search(num_ranks, num_microbatches, cost, memory, message, num_chunks,
+                                                       placements=placements)
     except ValueError as error:
         harness.fail(str(error))
     searched = Row("search", placement, chunks, tables, costs.simulate(tables, placement, chunks, cost, message))
     rows = []
     for name, (_, placement) in schedules.SCHEDULES.items():
+        if placement not in placements:
+            continue
         chunks = num_chunks if schedules.takes_virtual_stages(name) else 2 if placement == "v" else 1
         try:
             tables = schedules.table(name, num_ranks, num_microbatches, chunks)
@@ -218,7 +224,8 @@ def main():
         cost, message = model_costs(args), 0.0
     forward, backward, weight = (cost[kind] for kind in KINDS)
     memory = args.stages if args.memory is None else args.memory
-    rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory)
+    placements = (args.placement,) if args.placement else ("loop", "v")
+    rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory, placements)
     if args.layers is not None:
         rows = [split_row for row in rows for split_row in partitioned(row, args)]
     searched = rows[-1]  # with --layers, at its balanced split

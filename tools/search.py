@@ -295,14 +295,16 @@ def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, nu
     return found[1]
 
 
-def best_search(num_ranks, num_microbatches, cost, memory, message=0.0, num_chunks=1, most_chunks=None):
-    """search on each placement: the loop at one chunk a rank, the loop at num_chunks if more, the V, each if it
-    holds at most most_chunks a rank (a model of L layers holds L // n). The fastest, the first of those on a tie,
-    as tools/plan.py finds it (its --save, 09's --schedule FILE.csv): (placement, chunks, tables). A placement whose
-    costs.least_step is no shorter than a table already found is not searched: it could only tie."""
+def best_search(num_ranks, num_microbatches, cost, memory, message=0.0, num_chunks=1, most_chunks=None,
+                placements=("loop", "v")):
+    """search on each placement of `placements`: the loop at one chunk a rank, the loop at num_chunks if more, the
+    V, each if it holds at most most_chunks a rank (a model of L layers holds L // n). The fastest, the first of
+    those on a tie, as tools/plan.py finds it (its --save, 09's --schedule FILE.csv): (placement, chunks, tables).
+    A placement whose costs.least_step is no shorter than a table already found is not searched: it could only
+    tie."""
     best = None  # (step, placement, chunks, tables)
     for placement, chunks in [("loop", 1)] + [("loop", num_chunks)] * (num_chunks > 1) + [("v", 2)]:
-        if most_chunks is not None and chunks > most_chunks:
+        if placement not in placements or most_chunks is not None and chunks > most_chunks:
             continue
         limit = _pair_limit(num_ranks, num_microbatches, placement, chunks, memory)
         if best and costs.least_step(placement, num_ranks, chunks, num_microbatches, cost, message, limit) >= best[0]:
