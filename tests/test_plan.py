@@ -282,9 +282,10 @@ def test_save_writes_the_search_table_and_svg_draws_it(tmp_path, flags):
 @pytest.mark.parametrize("more", [0, 1, 5])
 def test_dualpipev_idles_deepseeks_formula(n, more):
     """DeepSeek-V3's Table 2: DualPipe's bubble is (PP/2 - 1)(F&B + B - 3W), F a forward chunk, B a full backward
-    chunk, W its weight part, F&B a forward and a backward overlapped. At F = I = W = 1 a chunk and no overlap
-    (F&B = F + B = 3, B = 2), n - 2: the most any rank idles within its own window, first computation to last,
-    at m = 2n and more. (Our dualpipev is PyTorch's ScheduleDualPipeV.)"""
+    chunk, W its weight part, F&B a forward and a backward overlapped. DualPipeV (our dualpipev, PyTorch's
+    ScheduleDualPipeV) is DualPipe on PP = 2n stages cut in half, onto n ranks. At F = I = W = 1 a chunk and no
+    overlap (F&B = F + B = 3, B = 2) that is 2(n - 1): the most any rank idles within its own window, its first
+    computation to its last, at m = 2n and more."""
     m = 2 * n + more
     tables = schedules.dualpipev(n, m)
     simulation = costs.simulate(tables, "v", 2, costs.stage_costs(2, 2, 2))  # a chunk: half a stage, 1, 1, 1
@@ -293,7 +294,8 @@ def test_dualpipev_idles_deepseeks_formula(n, more):
         mine = [simulation.spans[kind, theory.stage("v", n, rank, chunk), i] for kind, chunk, i in table]
         window = max(end for _, end in mine) - min(start for start, _ in mine)
         idle.append(window - 6 * m)  # every rank computes m (F + I + W) on each of its two chunks
-    assert max(idle) == pytest.approx((n / 2 - 1) * (3 + 2 - 3 * 1))
+    pp = 2 * n
+    assert max(idle) == pytest.approx((pp / 2 - 1) * (3 + 2 - 3 * 1))
 
 
 @pytest.mark.parametrize("placement", ["loop", "v"])
