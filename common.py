@@ -33,7 +33,8 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
     in its pipeline, the number of ranks in the pipeline, and the device. placement: where a rank's chunks sit,
     chunk c of rank r being stage c n + r ("loop") or r and 2n - 1 - r ("v"). data_parallel (07): the world is
     --data-parallel pipelines side by side, and device_mesh() names the two axes; tensor_parallel (08): each
-    stage is --tensor-parallel shards, a third axis."""
+    stage is --tensor-parallel shards, a third axis. It also shares the blocks out (args.blocks, each stage's, as
+    --partition says) and tells --pace each of this rank's chunks' counted cost."""
     global _rank, _num_ranks, _device, _dtype, _placement, _mesh, _group
     harness.before_setup(args)  # cores and threads
     timeout = datetime.timedelta(seconds=args.timeout)  # every wait's
