@@ -32,7 +32,7 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step, track
-from theory import busiest_bubble, peak_inflight
+from theory import bubbles, peak_inflight
 
 args = parse_args(__doc__, micro_batches=True, schedules=schedules)
 rank, num_ranks, device = setup(args, placement=args.placement)  # "loop" or "v", as the schedule places its chunks
@@ -157,7 +157,7 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
-# the table's own count: in flight from F to W; its replay's bubble at --pace's spans (F, I and W one each, a full
+# the table's own count: in flight from F to W; its replay's bubbles at --pace's spans (F, I and W one each, a full
 # backward two, on a stage of average cost)
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
-       bubble_theory=lambda spans: busiest_bubble(tables, stage_of, num_ranks * num_chunks, spans))
+       bubble_theory=lambda spans: bubbles(tables, stage_of, num_ranks * num_chunks, spans))

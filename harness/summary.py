@@ -26,7 +26,8 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
     the run. stages: this rank's model chunks (their .layers). expected_inflight(rank): the micro-batches (or
     micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the schedule's with every
     span equally long, which holds where the stages cost the same, else its order is replayed at the paced spans
-    (theory.paced_spans); or a function of those spans (09: its table's replay, a full backward I then W).
+    (theory.paced_spans); or a function of those spans giving each rank's (09: its table's replay, a full
+    backward I then W).
     expected_parameter_bytes(rank) (08): its parameter bytes."""
     cuda_peak = torch.cuda.max_memory_allocated(recorder.device) if recorder.device.type == "cuda" else -1
     ranks = [None] * dist.get_world_size()
@@ -40,9 +41,11 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
         summary = _summarize(args, ranks, timed, measured)
         if callable(bubble_theory):  # a replay of the table at --pace's spans, a full backward I then W
             spans = theory.paced_spans(theory.counted_costs(args.blocks, args.hidden, args.classes), theory.UNIT_COSTS)
-            summary["bubble_theory"] = bubble_theory(spans)
+            summary["bubble_theory_per_rank"] = bubble_theory(spans)
         elif bubble_theory is not None and len({round(cost, 9) for cost in summary["stage_costs"]}) == 1:
-            summary["bubble_theory"] = bubble_theory  # a closed form holds where every stage costs the same
+            summary["bubble_theory_per_rank"] = [bubble_theory] * len(ranks)  # a closed form: stages of equal cost
+        if "bubble_theory_per_rank" in summary:  # the busiest rank's: the least idle share of one span
+            summary["bubble_theory"] = min(summary["bubble_theory_per_rank"])
         if expected_parameter_bytes:
             summary["expected_parameter_bytes"] = [expected_parameter_bytes(rank) for rank in range(len(ranks))]
         chunks, spans = len(stages) > 1, [rank.spans for rank in ranks]  # chunks: label spans with their chunk
@@ -180,7 +183,8 @@ def _compare(args, summary, ranks, measured):
     summary["bubble_at_costs"] = _replayed(ranks, measured[-1], num_stages, at_costs)[busiest]
     if "bubble_theory" not in summary:  # no closed form for it: the schedule's order at the paced spans, the
         paced = theory.paced_spans(theory.counted_costs(args.blocks, args.hidden, args.classes))  # busiest rank's
-        summary["bubble_theory"] = min(_replayed(ranks, measured[-1], num_stages, paced))
+        summary["bubble_theory_per_rank"] = _replayed(ranks, measured[-1], num_stages, paced)
+        summary["bubble_theory"] = min(summary["bubble_theory_per_rank"])
     summary["sends_before_receive"] = _sends_before_receive(ranks, measured)
     summary["sent_bytes"] = [sum(post.nbytes for post in rank.posts if post.is_send and post.step in measured)
                              // len(measured) for rank in ranks]
@@ -220,7 +224,7 @@ def _table(summary, layers):
                                                for chunks in layers]),
                ("cost", column("counted_cost", ".4g")), ("compute ms", column("compute_ms", ".1f")),
                ("idle ms", column("idle_ms", ".1f")),
-               ("bubble", column("bubble_per_rank", ".3f")), ("theory", [f"{summary['bubble_theory']:.3f}"] * n),
+               ("bubble", column("bubble_per_rank", ".3f")), ("theory", column("bubble_theory_per_rank", ".3f")),
                ("in flight", column("peak_inflight_microbatches")),
                ("theory", column("expected_inflight_microbatches")),
                ("activations", [_bytes(count) for count in summary["peak_activation_bytes"]]),

@@ -73,7 +73,7 @@ def test_table_is_the_summary(runs):
                ("compute ms", lambda rank: f"{summary['compute_ms'][rank]:.1f}"),
                ("idle ms", lambda rank: f"{summary['idle_ms'][rank]:.1f}"),
                ("bubble", lambda rank: f"{summary['bubble_per_rank'][rank]:.3f}"),
-               ("theory", lambda rank: f"{summary['bubble_theory']:.3f}"),
+               ("theory", lambda rank: f"{summary['bubble_theory_per_rank'][rank]:.3f}"),
                ("in flight", lambda rank: str(summary["peak_inflight_microbatches"][rank])),
                ("theory", lambda rank: str(summary["expected_inflight_microbatches"][rank])),
                ("activations", lambda rank: size(summary["peak_activation_bytes"][rank])),

@@ -119,6 +119,8 @@ def test_a_heavy_head_stalls_the_even_split_and_balanced_fixes_it(runs, again):
     assert summary["bubble_theory"] == pytest.approx(paced_theory(schedules.one_f_one_b(2, 4), "loop", 7,
                                                                   classes=96))
     assert summary["bubble_per_rank"][0] > summary["bubble_per_rank"][1] + 0.2
+    assert all(abs(measured - theory) <= 0.03 for measured, theory in zip(summary["bubble_per_rank"],
+                                                                           summary["bubble_theory_per_rank"]))
     assert abs(summary["bubble_busiest"] - summary["bubble_theory"]) <= 0.03
     assert "--partition balanced" in even.stdout and "--partition balanced" not in balanced.stdout
     table = schedules.one_f_one_b(2, 4)
