@@ -128,7 +128,8 @@ def busiest_bubble(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):
     return bubbles(tables, stage_of, num_stages, cost, message)[busy.index(max(busy))]
 
 
-def balanced(num_layers, tables, stage_of, num_stages, hidden, classes, budget=200_000, exhaustive=None):
+def balanced(num_layers, tables, stage_of, num_stages, hidden, classes, budget=200_000, exhaustive=None,
+             costs_of=None):
     """Each stage's blocks: the contiguous split of num_layers whose table, replayed at counted_costs, takes the
     least step, of those the most even (its costliest stages least, in turn); every stage holds a block but the
     last, which may hold the head alone. Every split is tried where splits times computations are at most
@@ -136,9 +137,14 @@ def balanced(num_layers, tables, stage_of, num_stages, hidden, classes, budget=2
     on the slowest rank: each count of blocks on the head's rank, the rest shared out evenly over the ranks and
     within a rank over its chunks (the head's chunk the fewest), is costed by its costliest rank; the replay
     chooses among the counts whose costliest rank costs least and one block either side; then a block moves
-    from one stage to another while that shortens the step, as long as the same budget of replays lasts."""
+    from one stage to another while that shortens the step, as long as the same budget of replays lasts.
+    costs_of(blocks): each stage's costs for a split, if not counted_costs (tools/plan.py's from a trace)."""
+    if costs_of is None:
+        def costs_of(blocks):
+            return counted_costs(blocks, hidden, classes)
+
     def step(blocks):  # and each stage's F + I + W, costliest first: the split most even among equal steps
-        costs = counted_costs(blocks, hidden, classes)
+        costs = costs_of(blocks)
         spans = replay(tables, stage_of, num_stages, costs)
         return round(max(end for _, end in spans.values()), 9), sorted((_total(cost) for cost in costs), reverse=True)
 
@@ -162,7 +168,7 @@ def balanced(num_layers, tables, stage_of, num_stages, hidden, classes, budget=2
         return blocks
 
     def costliest(blocks):
-        costs = [_total(cost) for cost in counted_costs(blocks, hidden, classes)]
+        costs = [_total(cost) for cost in costs_of(blocks)]
         return max(sum(costs[stage] for stage in stages) for stages in chunks)
 
     fits = [count for count in range(num_layers + 1) if all(around(count)[:-1]) and sum(around(count)) == num_layers]

@@ -86,8 +86,9 @@ def write_svg(path, spans, num_chunks, summary):
         file.write("\n".join(parts + ["</svg>"]) + "\n")
 
 
-def write_trace(path, spans, chunks):
-    """Chrome trace format: one process per rank, one complete ("X") event per span."""
+def write_trace(path, spans, chunks, stages, blocks):
+    """Chrome trace format: one process per rank, one complete ("X") event per span, its stage in its args (stages:
+    each rank's chunks' stages), and each stage's blocks in otherData (tools/plan.py --costs-from reads both)."""
     origin = min(span.start for rank in spans for span in rank)
     events = []
     for rank, rows in enumerate(spans):
@@ -97,6 +98,7 @@ def write_trace(path, spans, chunks):
             events.append({"name": name if span.kind in COMPUTE else span.kind, "cat": span.kind, "ph": "X",
                            "pid": rank, "tid": 0, "ts": 1e6 * (span.start - origin),
                            "dur": 1e6 * (span.end - span.start),
-                           "args": {"step": span.step, "micro_batch": span.micro_batch, "chunk": span.chunk}})
+                           "args": {"step": span.step, "micro_batch": span.micro_batch, "chunk": span.chunk,
+                                    "stage": stages[rank][span.chunk]}})
     with open(path, "w") as file:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, file)
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"blocks": blocks}}, file)

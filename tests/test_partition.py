@@ -150,6 +150,26 @@ def test_bad_partition_is_one_sentence(tmp_path, world, flags, words):
     assert all(word in errors[0] for word in words), errors[0]
 
 
+def test_plan_costs_from_a_trace_are_each_stages_own(runs, tmp_path):
+    """plan.py --layers --costs-from TRACE: each stage's own mean F, I and W in a heavy-head run of 05 (2 ranks,
+    4 + 3 blocks), fitted as a block's cost and the head's: at the traced split the stage costs are the trace's
+    means, and the balanced split is no slower."""
+    run = runs("05_zero_bubble.py", 2, *size(7), "--micro-batches", "4", *HEAVY)
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(run.trace))
+    result = subprocess.run([sys.executable, "tools/plan.py", "--stages", "2", "--micro-batches", "4", "--layers", "7",
+                             "--hidden", "24", *HEAVY, "--costs-from", str(path), "--json"], cwd=HERE,
+                            capture_output=True, text=True, check=True)
+    mine = [row for row in map(json.loads, result.stdout.splitlines()) if row["schedule"] == "zb-h1"]
+    even = next(row for row in mine if row["partition"] == [4, 3])
+    events = [event for event in run.trace["traceEvents"] if event["ph"] == "X"]
+    for stage, cost in enumerate(even["stage_costs"]):
+        for kind, value in cost.items():
+            durations = [event["dur"] for event in events if event["cat"] == kind and event["args"]["stage"] == stage]
+            assert value == pytest.approx(sum(durations) / len(durations)), (stage, kind)
+    assert min(row["step"] for row in mine) <= even["step"]
+
+
 def test_plan_prints_each_schedule_at_both_splits():
     """tools/plan.py --layers 16 --hidden 1024 --classes 16384 on 2 ranks: every schedule's row at the even split
     and at its balanced one, whose step is no longer; --json carries each row's partition and stage costs."""

@@ -15,8 +15,9 @@ chunks is 1/v of a stage), on the rank that holds most and on rank 0. messages: 
 rank in a step, the most of any rank. search: tools/search.py on whichever placement is faster: the loop at one
 chunk a rank or at --virtual-stages, or the V. It is the row plan.py recommends (never slower than a row that fits
 --memory): --save writes its table as PyTorch's compute_only CSV, which 09 and PyTorch's runtime run.
-With --layers, every stage costs what it holds (theory.counted_costs, in block forwards; the search is run at the
-mean stage's), and each row comes twice: at --partition's split (even unless given) and at its balanced split.
+With --layers, every stage costs what it holds (theory.counted_costs, in block forwards, or with --costs-from each
+stage's own measured F, I and W, fitted as a block's and the head's; the search is run at the mean stage's), and
+each row comes twice: at --partition's split (even unless given) and at its balanced split.
 """
 
 import argparse
@@ -55,7 +56,8 @@ cost_flags = parser.add_mutually_exclusive_group()
 cost_flags.add_argument("--costs", default="1,1,1", help="a stage's F, B and W times, and a message's between ranks: "
                         "F,B,W[,MSG] (1,1,1)")
 cost_flags.add_argument("--costs-from", metavar="TRACE",
-                        help="F, B and W from the --trace of a run: each kind's mean span")
+                        help="F, B and W from the --trace of a run: each kind's mean span (with --layers, each "
+                             "stage's own, fitted as a block's cost and the head's)")
 parser.add_argument("--memory", type=float, help="the most activations a rank may hold, in micro-batches of a stage "
                     "(a chunk of a rank holding v is 1/v): rows over it are marked and the search keeps within it "
                     "(default: no mark, and the search holds at most n, as 1F1B)")
@@ -67,17 +69,22 @@ harness.flags.add_flags(parser, "--layers", "--hidden", "--classes", "--partitio
 parser.set_defaults(layers=None)  # --costs, unless the model is given
 
 
-def costs_from_trace(path):
-    """A stage's F, B and W from a Chrome trace: each kind's mean span (dur, in microseconds), times the run's chunks
-    a rank, since a chunk is that share of a stage."""
+def trace_spans(path):
+    """A Chrome trace's complete events that have a duration, and the trace itself (a dict, or {} for a list)."""
     try:
         with open(path) as file:
             trace = json.load(file)
     except (OSError, ValueError) as error:
         harness.fail(f"cannot read the trace {path}: {error}.")
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    spans = [event for event in events if isinstance(event, dict) and event.get("ph") == "X"
-             and isinstance(event.get("dur"), (int, float))]
+    return [event for event in events if isinstance(event, dict) and event.get("ph") == "X"
+            and isinstance(event.get("dur"), (int, float))], trace if isinstance(trace, dict) else {}
+
+
+def costs_from_trace(path):
+    """A stage's F, B and W from a Chrome trace: each kind's mean span (dur, in microseconds), times the run's chunks
+    a rank, since a chunk is that share of a stage."""
+    spans, _ = trace_spans(path)
     num_chunks = 1 + max((int(event.get("args", {}).get("chunk") or 0) for event in spans), default=0)
     means = []
     for kind in KINDS:
@@ -139,17 +146,59 @@ def partitioned(row, args):
         splits = [] if args.partition == "balanced" else [split(args, num_stages)]
     except ValueError as error:
         return [row._replace(error=str(error))]
-    balanced = theory.balanced(args.layers, row.tables, stage_of, num_stages, args.hidden, args.classes)
+    balanced = theory.balanced(args.layers, row.tables, stage_of, num_stages, args.hidden, args.classes,
+                               costs_of=args.costs_of)
     rows = []
     for blocks in splits + [balanced] * (balanced not in splits):
-        stage_costs = theory.counted_costs(blocks, args.hidden, args.classes)
+        stage_costs = args.costs_of(blocks)
         rows.append(row._replace(partition=blocks, simulation=costs.simulate(row.tables, row.placement, row.chunks,
                                                                              stage_costs)))
     return rows
 
 
+def fitted_costs(path):
+    """With --layers and --costs-from: each stage's own measured F, I and W in the trace (its mean span on that
+    stage, in microseconds), fitted as a block's cost times the stage's blocks plus, on the last stage, the head's:
+    a function from a split's blocks to each stage's costs, as theory.counted_costs gives them."""
+    spans, trace = trace_spans(path)
+    blocks = trace.get("otherData", {}).get("blocks")
+    if not blocks or len(blocks) < 2 or not any(blocks[:-1]):
+        harness.fail(f"the trace {path} does not give each stage's blocks for two stages or more (otherData): pass "
+                     "the --trace of a run on 2 ranks or more, whose spans carry their stage.")
+    fitted = {}
+    for kind in KINDS:
+        means = []
+        for stage in range(len(blocks)):
+            durations = [event["dur"] for event in spans if event.get("cat") == kind
+                         and event.get("args", {}).get("stage") == stage]
+            if not durations:
+                harness.fail(f"the trace {path} has no {kind} spans on stage {stage}: pass the --trace of a script "
+                             "that splits the backward (05, 06, 09), run on this version.")
+            means.append(sum(durations) / len(durations))
+        block = sum(mean / count for mean, count in zip(means[:-1], blocks) if count) / sum(map(bool, blocks[:-1]))
+        fitted[kind] = block, means[-1] - block * blocks[-1]  # a block's, the head's
+
+    def costs_of(split):
+        costs = []
+        for stage, count in enumerate(split):
+            cost = {kind: block * count + head * (stage == len(split) - 1) for kind, (block, head) in fitted.items()}
+            costs.append({**cost, "full_backward": cost["backward"] + cost["weight"],
+                          "overlapped_backward": cost["backward"] + cost["weight"]})
+        return costs
+
+    return costs_of
+
+
+def counted(args):
+    """theory.counted_costs for this model: a function from a split's blocks to each stage's costs."""
+    def costs_of(blocks):
+        return theory.counted_costs(blocks, args.hidden, args.classes)
+
+    return costs_of
+
+
 def model_costs(args):
-    """The mean stage's counted costs (the search's): the whole model's, shared by --stages. Checks the model flags."""
+    """The mean stage's costs (the search's): the whole model's, shared by --stages. Checks the model flags."""
     for flag in ("layers", "hidden", "classes"):
         if getattr(args, flag) < 1:
             harness.fail(f"--{flag} is {getattr(args, flag)}: pass 1 or more.")
@@ -157,7 +206,7 @@ def model_costs(args):
                                                                for count in args.partition.split(",")):
         harness.fail(f"--partition takes even, balanced, or each stage's blocks as whole numbers N0,N1,..., "
                      f"not {args.partition}.")
-    whole = theory.counted_costs([args.layers], args.hidden, args.classes)[0]
+    whole = args.costs_of([args.layers])[0]
     return {kind: cost / args.stages for kind, cost in whole.items()}
 
 
@@ -213,14 +262,15 @@ def main():
     for flag, path in (("--save", args.save), ("--svg", args.svg)):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             harness.fail(f"{flag} {path}: its folder does not exist.")
-    if args.costs_from:
+    if args.costs_from and args.layers is None:
         cost, message = costs.stage_costs(*costs_from_trace(args.costs_from)), 0.0
-    else:
+    elif args.layers is None:
         try:
             cost, message = costs.parse_costs(args.costs)
         except ValueError as error:
             harness.fail(str(error))
-    if args.layers is not None:
+    if args.layers is not None:  # each stage's costs: measured in a trace and fitted, or counted
+        args.costs_of = fitted_costs(args.costs_from) if args.costs_from else counted(args)
         cost, message = model_costs(args), 0.0
     forward, backward, weight = (cost[kind] for kind in KINDS)
     memory = args.stages if args.memory is None else args.memory
@@ -234,7 +284,7 @@ def main():
             file.write(to_csv(searched.tables, searched.placement))
     if args.svg:
         write_svg(args.svg, searched, cost if searched.partition is None else
-                  theory.counted_costs(searched.partition, args.hidden, args.classes))
+                  args.costs_of(searched.partition))
     rows.sort(key=lambda row: row.simulation.step if row.simulation else math.inf)
     if args.json:
         for row in rows:
@@ -246,7 +296,7 @@ def main():
             if row.partition is not None:
                 fields.update(partition=row.partition, stage_costs=[
                     {kind: cost[kind] for kind in KINDS}
-                    for cost in theory.counted_costs(row.partition, args.hidden, args.classes)])
+                    for cost in args.costs_of(row.partition)])
             print(json.dumps({"schedule": row.schedule, "placement": row.placement, "chunks": row.chunks, **fields}))
         return
     model = (f"--layers {args.layers}, --hidden {args.hidden}, --classes {args.classes}: each stage's counted costs "
