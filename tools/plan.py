@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the lesson's modules, and tools as a package
+import common  # noqa: E402
 import harness  # noqa: E402
 import schedules  # noqa: E402
 import theory  # noqa: E402
@@ -124,8 +125,7 @@ def split(args, num_stages):
     if args.partition == "even":
         if num_stages > args.layers:
             raise ValueError(f"{num_stages} stages cannot share --layers {args.layers}.")
-        base, leftover = divmod(args.layers, num_stages)
-        return [base + (stage < leftover) for stage in range(num_stages)]
+        return [last - first for first, last in common.partition(args.layers, num_stages)]
     blocks = [int(count) for count in args.partition.split(",")]
     if len(blocks) != num_stages:
         raise ValueError(f"--partition {args.partition} gives {len(blocks)} stages, this layout has {num_stages}.")
