@@ -106,32 +106,37 @@ def test_a_heavy_head_stalls_the_even_split_and_balanced_fixes_it(runs, again):
     """Paced at 50 ms, 03 on 2 ranks with a head 4 blocks' worth: at the even split (4 + 3 blocks) rank 0 waits on
     rank 1 (its bubble the larger), each bubble within 0.03 of the replay at --pace's spans; the summary names
     the last stage as the bound and the printed line the flag; balanced's measured step over even's is the
-    replay's within 0.05."""
+    replay's within 0.05 (both run again at twice the pace, twice more at most, while noise spoils the ratio)."""
     def start(partition):
         def launch(runner, pace):
             return runner("03_1f1b.py", 2, *size(7), "--micro-batches", "4", *HEAVY, "--partition", partition, *pace)
         return launch
 
-    even = settled(runs, again, start("even"), 50)
-    balanced = settled(runs, again, start("balanced"), 50)
-    summary = even.summary
-    assert summary["bounding_stage"] == 1 and summary["stage_costs"][1] > 1.5 * summary["stage_costs"][0]
-    assert summary["bubble_theory"] == pytest.approx(paced_theory(schedules.one_f_one_b(2, 4), "loop", 7,
-                                                                  classes=96))
-    assert summary["bubble_per_rank"][0] > summary["bubble_per_rank"][1] + 0.2
-    assert all(abs(measured - theory) <= 0.03 for measured, theory in zip(summary["bubble_per_rank"],
-                                                                           summary["bubble_theory_per_rank"]))
-    assert abs(summary["bubble_busiest"] - summary["bubble_theory"]) <= 0.03
-    assert "--partition balanced" in even.stdout and "--partition balanced" not in balanced.stdout
     table = schedules.one_f_one_b(2, 4)
 
     def step(blocks):
         spans = theory.paced_spans(theory.counted_costs(blocks, 24, 96))
         return max(end for _, end in theory.replay(table, lambda rank, chunk: rank, 2, spans).values())
 
-    predicted = step(balanced.summary["blocks"]) / step(summary["blocks"])
+    first, pace = runs, 50
+    for _ in range(3):
+        even = settled(first, again, start("even"), pace)
+        balanced = settled(first, again, start("balanced"), pace)
+        predicted = step(balanced.summary["blocks"]) / step(even.summary["blocks"])
+        ratio = balanced.summary["step_ms_median"] / even.summary["step_ms_median"]
+        if abs(ratio - predicted) <= 0.05:
+            break
+        first, pace = again, pace * 2
+    summary = even.summary
+    assert summary["bounding_stage"] == 1 and summary["stage_costs"][1] > 1.5 * summary["stage_costs"][0]
+    assert summary["bubble_theory"] == pytest.approx(paced_theory(table, "loop", 7, classes=96))
+    assert summary["bubble_per_rank"][0] > summary["bubble_per_rank"][1] + 0.2
+    assert all(abs(measured - theory) <= 0.03 for measured, theory in zip(summary["bubble_per_rank"],
+                                                                           summary["bubble_theory_per_rank"]))
+    assert abs(summary["bubble_busiest"] - summary["bubble_theory"]) <= 0.03
+    assert "--partition balanced" in even.stdout and "--partition balanced" not in balanced.stdout
     assert predicted < 0.9
-    assert balanced.summary["step_ms_median"] / summary["step_ms_median"] == pytest.approx(predicted, abs=0.05)
+    assert ratio == pytest.approx(predicted, abs=0.05)
 
 
 @pytest.mark.parametrize("world,flags,words", [
