@@ -208,6 +208,18 @@ def refusal(tmp_path, script, world, *flags):
     return code, (out / "stderr").read_text()
 
 
+def assert_refused(tmp_path, script, world, *flags, words):
+    """refusal's rank 0 exits non-zero within seconds with one `error:` line holding every one of `words`, and no
+    traceback: a mistake in the flags or a table file, found before a rank meets another."""
+    started = time.monotonic()
+    code, stderr = refusal(tmp_path, script, world, *flags)
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code != 0 and len(errors) == 1 and "Traceback" not in stderr, stderr
+    assert all(word in errors[0] for word in words), errors[0]
+    assert time.monotonic() - started < 30
+    return errors[0]
+
+
 def launch(tmp_path, script, nproc, *flags, timeout=120):
     """Run `script` with `nproc` ranks (0: plain python) and collect its outputs."""
     out = tmp_path / f"{os.path.basename(script)}-{nproc}-{'_'.join(flags).replace('-', '')}"
