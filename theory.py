@@ -206,9 +206,11 @@ def _splits(num_layers, num_stages):
         yield blocks
 
 
-def peak_inflight(tables):
+def peak_inflight(tables, weight_memory=1):
     """Each rank's most (chunk, micro_batch) pairs alive at once, counted over its table: +1 at a forward,
-    -1 at its full backward, or at its W where the table splits the backward (at its B if no W follows)."""
+    -1 at its full backward, or at its W where the table splits the backward (at its B if no W follows).
+    weight_memory: the share of a pair that its B leaves held until its W (the zero-bubble paper's M_W / M_B; 1,
+    the whole pair, unless given): a B lets go of the rest."""
     peaks = []
     for table in tables:
         weights = {(chunk, micro_batch) for kind, chunk, micro_batch in table if kind == "weight"}
@@ -216,7 +218,11 @@ def peak_inflight(tables):
         for kind, chunk, micro_batch in table:
             if kind == "forward":
                 alive += 1
-            elif kind != "backward" or (chunk, micro_batch) not in weights:  # its last backward computation
+            elif kind == "weight":
+                alive -= weight_memory
+            elif kind == "backward" and (chunk, micro_batch) in weights:  # its W keeps weight_memory of it
+                alive -= 1 - weight_memory
+            else:  # its last backward computation
                 alive -= 1
             peak = max(peak, alive)
         peaks.append(peak)

@@ -67,7 +67,7 @@ def test_every_schedule_balanced_at_64_stages_256_micro_batches_and_512_blocks_i
     """tools/plan.py --layers 512 --hidden 1024 --classes 16384 at 64 stages and 256 micro-batches: each schedule's
     rows at the even and the balanced split (plan.partitioned) in under 20 s, table and replays included. (The
     search's own time is the test above's.)"""
-    model = SimpleNamespace(layers=512, hidden=1024, classes=16384, partition="even")
+    model = SimpleNamespace(layers=512, hidden=1024, classes=16384, partition="even", weight_memory=1)
     model.costs_of = counted(model)  # plan.py's counted costs for it
     for name, (_, placement) in schedules.SCHEDULES.items():
         chunks = 2 if schedules.takes_virtual_stages(name) or placement == "v" else 1
@@ -312,7 +312,7 @@ def test_placement_keeps_the_plan_and_its_search_to_one(placement):
     ["--memory", "0.5"], ["--costs", "1,x,1"], ["--costs", "1,2"], ["--costs", "1,0,1"], ["--costs", "1,1,1,-1"],
     ["--costs-from", "TRACE_WITHOUT_SPANS"], ["--costs-from", "NO_SUCH_FILE"], ["--costs-from", "NOT_JSON"],
     ["--stages", "0"], ["--stages", "four"], ["--placement", "ring"], ["--layers", "8", "--partition", "4,x"],
-    ["--layers", "0"]])
+    ["--layers", "0"], ["--weight-memory", "0"], ["--weight-memory", "1.5"]])
 def test_bad_input_is_one_sentence_and_a_failure(flags, tmp_path):
     write_trace(tmp_path / "empty.json", [{"name": "wait", "cat": "wait", "ph": "X", "ts": 0, "dur": 5}])
     (tmp_path / "garbage.json").write_text("{not json")
@@ -324,3 +324,72 @@ def test_bad_input_is_one_sentence_and_a_failure(flags, tmp_path):
     assert result.returncode != 0
     assert result.stdout == ""
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: "), result.stderr
+
+
+# The zero-bubble paper's settings and bubble rates (Qi et al., ICLR 2024: Tables 9 and 5, as its repository's
+# megatron/core/pipeline_parallel/efficiency.py prints them): p stages, m micro-batches, T_F, T_B, T_W and T_comm
+# in microseconds, the model's h and a (s = 1024), then the rates of 1F1B, ZB-H1, ZB-H2, ZB-1p and ZB-2p.
+PAPER = [
+    (8, 24, 18522, 18086, 9337, 601, 2304, 24, 0.2431, 0.1585, 0.1083, 0.1585, 0.0433),
+    (8, 32, 18513, 18086, 9331, 626, 2304, 24, 0.1985, 0.1242, 0.0837, 0.1242, 0.0039),
+    (8, 64, 18546, 18097, 9321, 762, 2304, 24, 0.1240, 0.0674, 0.0444, 0.0674, 0.0026),
+    (8, 24, 29718, 29444, 19927, 527, 4096, 32, 0.2347, 0.1323, 0.0698, 0.1323, 0.0029),
+    (8, 32, 29802, 29428, 19530, 577, 4096, 32, 0.1898, 0.1045, 0.0559, 0.1045, 0.0022),
+    (8, 64, 29935, 29621, 19388, 535, 4096, 32, 0.1091, 0.0554, 0.0294, 0.0554, 0.0010),
+    (16, 48, 11347, 11248, 8132, 377, 5120, 40, 0.2552, 0.1397, 0.0672, 0.1397, 0.0066),
+    (16, 64, 11307, 11254, 8101, 379, 5120, 40, 0.2082, 0.1088, 0.0516, 0.1088, 0.0054),
+    (16, 128, 11325, 11308, 8109, 378, 5120, 40, 0.1251, 0.0576, 0.0266, 0.0576, 0.0028),
+    (32, 96, 10419, 10207, 7715, 408, 6144, 48, 0.2646, 0.1421, 0.0641, 0.1421, 0.0038),
+    (32, 128, 10408, 10204, 7703, 408, 6144, 48, 0.2168, 0.1106, 0.0490, 0.1106, 0.0029),
+    (32, 256, 10402, 10248, 7698, 460, 6144, 48, 0.1352, 0.0594, 0.0257, 0.0594, 0.0018),
+]
+
+
+def paper_weight_memory(h, a, s=1024):
+    """The paper's M_W / M_B for a transformer layer: 32h / (34h + 5as)."""
+    return 32 * h / (34 * h + 5 * a * s)
+
+
+@pytest.mark.parametrize("row", PAPER, ids=[f"p{row[0]}-m{row[1]}-h{row[6]}" for row in PAPER])
+def test_the_papers_1f1b_and_zb_h1_rates_are_the_replays_window(row):
+    """1F1B's and ZB-H1's tables replayed at the paper's measured costs, T_comm a message: their bubble_window is
+    the paper's rate to 4 decimals on every row (its ZB-H2's too, at its closed form (p - 1)(F + B + 2c - 2W))."""
+    p, m, forward, backward, weight, message = row[:6]
+    one_f_one_b, zb_h1, zb_h2 = row[8:11]
+    cost = costs.stage_costs(forward, backward, weight)
+    assert round(simulated(schedules.one_f_one_b(p, m), "loop", cost, message).bubble_window, 4) == one_f_one_b
+    assert round(simulated(schedules.zb_h1(p, m), "loop", cost, message).bubble_window, 4) == zb_h1
+    work = m * (forward + backward + weight)
+    h2 = work + (p - 1) * (forward + backward + 2 * message - 2 * weight)
+    assert round(1 - work / h2, 4) == zb_h2
+
+
+@pytest.mark.parametrize("row", PAPER[:6], ids=[f"p{row[0]}-m{row[1]}-h{row[6]}" for row in PAPER[:6]])
+def test_the_search_within_p_is_no_worse_than_the_papers_zb_1p(row):
+    """The search on the loop at the paper's costs, memory p micro-batches of M_B and a B leaving its M_W / M_B
+    for its W: its window rate is at most the paper's ZB-1p's, and its peak within p."""
+    p, m, forward, backward, weight, message, h, a = row[:8]
+    cost, share = costs.stage_costs(forward, backward, weight), paper_weight_memory(h, a)
+    tables = search.search(p, m, "loop", cost, p, message, weight_memory=share)
+    found = costs.simulate(tables, "loop", 1, cost, message, share)
+    assert round(found.bubble_window, 4) <= row[11]
+    assert max(found.peak_inflight) <= p + 1e-9
+
+
+def test_weight_memory_lets_a_b_free_what_its_w_does_not_need():
+    """theory.peak_inflight with a share: ZB-H1 holds n on every rank at 1 (each micro-batch whole until its W), and
+    at a smaller share n on rank 0 alone (n forwards before its first B), less on the others; a table without W's
+    holds the same at any share; and the search within a memory that 1 cannot meet finds a table at the share, its
+    peak within it, faster than at 1 in the same memory."""
+    n, m = 4, 8
+    assert theory.peak_inflight(schedules.zb_h1(n, m)) == [n] * n
+    shared_peaks = theory.peak_inflight(schedules.zb_h1(n, m), 0.25)
+    assert shared_peaks[0] == n and all(peak < n for peak in shared_peaks[1:]), shared_peaks
+    assert theory.peak_inflight(schedules.one_f_one_b(n, m), 0.25) == theory.peak_inflight(schedules.one_f_one_b(n, m))
+    p, m, forward, backward, weight, message, h, a = PAPER[0][:8]  # the search at the paper's first row's costs
+    cost, share = costs.stage_costs(forward, backward, weight), paper_weight_memory(h, a)
+    whole = costs.simulate(search.search(p, m, "loop", cost, 10, message), "loop", 1, cost, message)
+    shared = costs.simulate(search.search(p, m, "loop", cost, 10, message, weight_memory=share), "loop", 1, cost,
+                            message, share)
+    assert max(whole.peak_inflight) <= 10 and max(shared.peak_inflight) <= 10
+    assert shared.bubble < whole.bubble - 0.02  # what a B frees makes room for more forwards in flight (0.109, 0.141)

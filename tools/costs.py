@@ -7,6 +7,7 @@ messages      each rank's tensors sent to another rank in a step
 least_step    a step no order within a memory can beat, where the search stops
 """
 
+import math
 from typing import NamedTuple
 
 import theory
@@ -45,12 +46,13 @@ class Simulation(NamedTuple):
     spans: dict  # {(kind, stage, micro_batch): (start, when its result is out)}, as replay gives them
 
 
-def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0):
+def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0, weight_memory=1):
     """A table's step, bubble, memory and messages in one call, at a stage's costs (stage_costs) and a message
     time. A rank holding num_chunks chunks holds 1/num_chunks of a stage in each: a chunk's computation costs
     that share of a stage's (unless cost is a list, each chunk's own: theory.counted_costs), and its activations
     count as that share of a micro-batch's (its peak is counted over its table: a rank's count changes only at
-    its own computations). ValueError if the table cannot run."""
+    its own computations; a B leaves weight_memory of a pair held until its W). ValueError if the table cannot
+    run."""
     num_ranks = len(tables)
     stages = {(rank, chunk): theory.stage(placement, num_ranks, rank, chunk) for rank in range(num_ranks)
               for chunk in range(num_chunks)}
@@ -69,7 +71,7 @@ def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0)
         mine = [spans[kind, stage_of(rank, chunk), micro_batch] for kind, chunk, micro_batch in table]
         windows.append(max(end for _, end in mine) - min(start for start, _ in mine))
     return Simulation(step, 1 - busiest / step, 1 - busiest / max(windows),
-                      [peak / num_chunks for peak in theory.peak_inflight(tables)],
+                      [peak / num_chunks for peak in theory.peak_inflight(tables, weight_memory)],
                       messages(tables, stage_of, num_ranks * num_chunks), spans)
 
 
@@ -92,7 +94,7 @@ def least_step(placement, num_ranks, num_chunks, num_microbatches, cost, message
         return sum(each + message * (rank_of[one] != rank_of[after]) for one, after in zip(stages, stages[1:]))
 
     up = trip(range(num_stages), forward) + forward  # micro-batch 0's forwards, the last stage's backward may begin
-    forwards_meanwhile = min(limit, num_microbatches * num_chunks) * forward  # before a rank's first backward
+    forwards_meanwhile = min(math.floor(limit + 1e-9), num_microbatches * num_chunks) * forward  # before its first B
     idle = []
     for rank in range(num_ranks):
         stages = [where for where, its_rank in rank_of.items() if its_rank == rank]

@@ -62,6 +62,9 @@ cost_flags.add_argument("--costs-from", metavar="TRACE",
 parser.add_argument("--memory", type=float, help="the most activations a rank may hold, in micro-batches of a stage "
                     "(a chunk of a rank holding v is 1/v): rows over it are marked and the search keeps within it "
                     "(default: no mark, and the search holds at most n, as 1F1B)")
+parser.add_argument("--weight-memory", type=float, default=1.0, metavar="R",
+                    help="the share of a micro-batch's activations that its B leaves held until its W, 0 < R <= 1 "
+                         "(the zero-bubble paper's M_W / M_B): the peaks and the search count it (1: all of it)")
 parser.add_argument("--placement", choices=("loop", "v"),
                     help="plan on this placement alone, the search's included (default: both)")
 harness.flags.add_flags(parser, "--json", "--svg")
@@ -98,15 +101,19 @@ def costs_from_trace(path):
     return means
 
 
-def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placements=("loop", "v")):
+def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placements=("loop", "v"), weight_memory=1):
     """Every schedule's row on `placements`, and the search's on whichever of them is faster (searched first: it
     checks memory)."""
     try:
         placement, chunks, tables = search.best_search(num_ranks, num_microbatches, cost, memory, message, num_chunks,
-                                                       placements=placements)
+                                                       placements=placements, weight_memory=weight_memory)
     except ValueError as error:
         harness.fail(str(error))
-    searched = Row("search", placement, chunks, tables, costs.simulate(tables, placement, chunks, cost, message))
+
+    def simulated(tables, placement, chunks):
+        return costs.simulate(tables, placement, chunks, cost, message, weight_memory)
+
+    searched = Row("search", placement, chunks, tables, simulated(tables, placement, chunks))
     rows = []
     for name, (_, placement) in schedules.SCHEDULES.items():
         if placement not in placements:
@@ -114,7 +121,7 @@ def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placeme
         chunks = num_chunks if schedules.takes_virtual_stages(name) else 2 if placement == "v" else 1
         try:
             tables = schedules.table(name, num_ranks, num_microbatches, chunks)
-            rows.append(Row(name, placement, chunks, tables, costs.simulate(tables, placement, chunks, cost, message)))
+            rows.append(Row(name, placement, chunks, tables, simulated(tables, placement, chunks)))
         except ValueError as error:  # a layout the rule does not take, or a table that cannot run
             rows.append(Row(name, placement, chunks, error=str(error)))
     return rows + [searched]
@@ -152,7 +159,8 @@ def partitioned(row, args):
     for blocks in splits + [balanced] * (balanced not in splits):
         stage_costs = args.costs_of(blocks)
         rows.append(row._replace(partition=blocks, simulation=costs.simulate(row.tables, row.placement, row.chunks,
-                                                                             stage_costs)))
+                                                                             stage_costs,
+                                                                             weight_memory=args.weight_memory)))
     return rows
 
 
@@ -273,9 +281,13 @@ def main():
         args.costs_of = fitted_costs(args.costs_from) if args.costs_from else counted(args)
         cost, message = model_costs(args), 0.0
     forward, backward, weight = (cost[kind] for kind in KINDS)
+    if not 0 < args.weight_memory <= 1:
+        harness.fail(f"--weight-memory is {args.weight_memory:g}: pass the share of a micro-batch's activations that "
+                     "its B leaves held until its W, above 0 and at most 1.")
     memory = args.stages if args.memory is None else args.memory
     placements = (args.placement,) if args.placement else ("loop", "v")
-    rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory, placements)
+    rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory, placements,
+                args.weight_memory)
     if args.layers is not None:
         rows = [split_row for row in rows for split_row in partitioned(row, args)]
     searched = rows[-1]  # with --layers, at its balanced split
@@ -304,7 +316,7 @@ def main():
              if args.layers is not None else
              f"a stage's F {forward:g}, B {backward:g}, W {weight:g}, message {message:g}")
     print(f"n = {args.stages} ranks, m = {args.micro_batches} micro-batches; {model}; the search within memory "
-          f"{memory:g}")
+          f"{memory:g}" + f", a B leaving {args.weight_memory:g} of it for its W" * (args.weight_memory != 1))
     print(f"{'schedule':<24} {'placement':>9} {'chunks':>6} {'step':>10} {'bubble':>7} {'window':>7} {'peak':>6} "
           f"{'rank 0':>6} {'messages':>8}" + "  partition" * (args.layers is not None))
     for row in rows:

@@ -31,9 +31,9 @@ def _forward_fits(owing, micro_batch, visits, held, limit):
     """Whether a rank holding `held` of its `limit` slots may run micro_batch's next forward (the banker's rule): a
     slot is free, and afterwards it can still run every forward it owes. owing: for each micro-batch begun there
     and not through, the forwards it has left there of the `visits` it makes. Each forward takes a slot; a
-    micro-batch lets its slots go only after its last forward here (its backwards need them all), so those with
-    the fewest left are counted through first."""
-    if held >= limit:
+    micro-batch lets its slots go only after its last forward here (its backwards need them all; what a B leaves
+    for its W, W can always let go), so those with the fewest left are counted through first."""
+    if held + 1 > limit + 1e-9:
         return False
     after = {**owing, micro_batch: owing.get(micro_batch, visits) - 1}
     lefts = sorted(left for left in after.values() if left)
@@ -45,7 +45,13 @@ def _forward_fits(owing, micro_batch, visits, held, limit):
     return True
 
 
-def _greedy(rank_of, num_microbatches, chunk_cost, limit):
+def _held_by(kind, weight_memory):
+    """What a computation adds to its rank's held pairs: a forward one, a B all but the weight_memory share its W
+    keeps, that W the rest."""
+    return {"forward": 1, "backward": weight_memory - 1, "weight": -weight_memory}[kind]
+
+
+def _greedy(rank_of, num_microbatches, chunk_cost, limit, weight_memory):
     """The search's first order, found as if messages were free (the passes reorder it with them).
     A free rank runs the ready computation it prefers: an I that a neighbour waits for (any but stage 0's) before an
     F, except right after an I, when an F comes first (1F1B), a W before it if memory is full; then stage 0's I; then
@@ -92,7 +98,7 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit):
         clock[rank] = now + chunk_cost[kind]
         orders[rank].append((kind, stage, micro_batch))
         heapq.heappush(events, (clock[rank], rank))
-        held[rank] += (kind == "forward") - (kind == "weight")
+        held[rank] += _held_by(kind, weight_memory)
         if kind == "forward":
             owing[rank][micro_batch] = owing[rank].get(micro_batch, visits[rank]) - 1
             if not owing[rank][micro_batch]:
@@ -108,11 +114,11 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit):
     return max(clock), starts, orders
 
 
-def _reschedule(rank_of, starts, chunk_cost, message, limit, reverse):
+def _reschedule(rank_of, starts, chunk_cost, message, limit, weight_memory, reverse):
     """One pass: a free rank runs the ready computation that began first in the last schedule, but waits for one that
     began sooner if it comes in before this would end, and takes memory (F's) in the last schedule's order. Reverse:
-    the same on the graph reversed, time running back, the last to end first (a W takes memory, its F gives it back).
-    Returns (span, starts, orders) forwards, or None if it deadlocks."""
+    the same on the graph reversed, time running back, the last to end first (a W takes memory, and a B what its W
+    does not keep; its F gives it back). Returns (span, starts, orders) forwards, or None if it deadlocks."""
     num_ranks, num_stages = 1 + max(rank_of), len(rank_of)
     key = {node: -start - chunk_cost[node[0]] if reverse else start for node, start in starts.items()}
     after, inputs = {node: [] for node in key}, dict.fromkeys(key, 0)  # inputs: how many are still to come
@@ -120,7 +126,7 @@ def _reschedule(rank_of, starts, chunk_cost, message, limit, reverse):
         for made in _users_of(*node, num_stages):
             after[made if reverse else node].append(node if reverse else made)
             inputs[node if reverse else made] += 1
-    take, give = ("weight", "forward") if reverse else ("forward", "weight")
+    take = "weight" if reverse else "forward"
     takers = [[] for _ in range(num_ranks)]  # per rank, the computations that take memory, in the last order
     for node in sorted((node for node in key if node[0] == take), key=key.get):
         takers[rank_of[node[1]]].append(node)
@@ -153,7 +159,8 @@ def _reschedule(rank_of, starts, chunk_cost, message, limit, reverse):
         while ready[rank] and pick is None:
             skipped.append(heapq.heappop(ready[rank]))
             _, when, node = skipped[-1]
-            if node[0] == take and held[rank] == limit:
+            taking = _held_by(node[0], weight_memory) * (-1 if reverse else 1)
+            if taking > 0 and held[rank] + taking > limit + 1e-9:
                 continue
             if when <= now:
                 pick = skipped.pop()
@@ -172,7 +179,7 @@ def _reschedule(rank_of, starts, chunk_cost, message, limit, reverse):
         clock[rank] = now + chunk_cost[node[0]]
         orders[rank].append(node)
         heapq.heappush(events, (clock[rank], rank))
-        held[rank] += (node[0] == take) - (node[0] == give)
+        held[rank] += _held_by(node[0], weight_memory) * (-1 if reverse else 1)
         taken[rank] += node[0] == take
         if node[0] == take and taken[rank] < len(takers[rank]) and takers[rank][taken[rank]] in parked:
             parked.remove(takers[rank][taken[rank]])
@@ -197,7 +204,7 @@ def _as_tables(orders):
     return [[(kind, stage // len(orders), micro_batch) for kind, stage, micro_batch in order] for order in orders]
 
 
-def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message):
+def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message, weight_memory):
     """The fastest table of schedules.py of the placement and chunks that holds at most `limit` (chunk, micro_batch)
     pairs on any rank, each backward split (a gradient leaves sooner, and an overlapped F&B runs as its F then its I: no
     table is slower so), replayed: (simulation, tables), or None if none fits."""
@@ -211,17 +218,17 @@ def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, cost, lim
             continue
         if tables in seen:  # looped BFS at one chunk is GPipe
             continue
-        if max(theory.peak_inflight(tables)) > limit:
-            continue
         seen.append(tables)
         tables = [schedules.split(order, 0) for order in tables]  # each W at once
+        if max(theory.peak_inflight(tables, weight_memory)) > limit + 1e-9:
+            continue
         simulation = costs.simulate(tables, placement, num_chunks, cost, message)
         if fastest is None or simulation.step < fastest[0].step:
             fastest = simulation, tables
     return fastest
 
 
-def _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message):
+def _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message, weight_memory=1):
     """search's table on one placement, and a bound on its step (its replay is no longer): (step, tables), or None
     if no order was found. It stops as soon as an order takes costs.least_step: none is faster."""
     rank_of = [0] * num_ranks * num_chunks
@@ -231,7 +238,7 @@ def _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, 
     chunk_cost = {kind: cost[kind] / num_chunks for kind in ("forward", "backward", "weight")}
     least = costs.least_step(placement, num_ranks, num_chunks, num_microbatches, cost, message, limit)
     best = math.inf, None  # the fastest order met: (step, tables)
-    greedy = _greedy(rank_of, num_microbatches, chunk_cost, limit)
+    greedy = _greedy(rank_of, num_microbatches, chunk_cost, limit, weight_memory)
     if greedy:
         span, starts, orders = greedy
         tables = _as_tables(orders)
@@ -239,23 +246,23 @@ def _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, 
             span = costs.simulate(tables, placement, num_chunks, cost, message).step
         best = span, tables
         if best[0] > least:
-            best = _shorten(rank_of, starts, chunk_cost, message, limit, best)
+            best = _shorten(rank_of, starts, chunk_cost, message, limit, weight_memory, best)
     fastest = None if best[0] <= least else _fastest_table(num_ranks, num_microbatches, placement, num_chunks,
-                                                            cost, limit, message)
+                                                            cost, limit, message, weight_memory)
     if fastest and fastest[0].step < best[0]:  # a table that fits is faster: go on from it
         simulation, tables = fastest
         best = simulation.step, tables
         starts = {computation: start for computation, (start, _) in simulation.spans.items()}
         if best[0] > least:
-            best = _shorten(rank_of, starts, chunk_cost, message, limit, best)
+            best = _shorten(rank_of, starts, chunk_cost, message, limit, weight_memory, best)
     return None if best[1] is None else best
 
 
-def _shorten(rank_of, starts, chunk_cost, message, limit, best):
+def _shorten(rank_of, starts, chunk_cost, message, limit, weight_memory, best):
     """best, (step, tables), or an order faster still from a pass backwards from these starts or the pass forwards
     from its result (_reschedule)."""
     for reverse in (True, False):
-        result = _reschedule(rank_of, starts, chunk_cost, message, limit, reverse)
+        result = _reschedule(rank_of, starts, chunk_cost, message, limit, weight_memory, reverse)
         if result is None:
             break
         span, starts, orders = result
@@ -273,30 +280,31 @@ def _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory):
         raise ValueError(f"num_chunks is {num_chunks}: the V holds 2 chunks a rank.")
     if not memory >= 1:
         raise ValueError(f"memory is {memory!r}: no schedule runs in less than 1 micro-batch of a stage a rank.")
-    return int(min(memory, num_microbatches) * num_chunks + 1e-9)
+    return min(memory, num_microbatches) * num_chunks
 
 
-def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, num_chunks=None):
+def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, num_chunks=None, weight_memory=1):
     """A table found, not written, in the spirit of the zero-bubble paper: each rank's forward, backward and weight
     computations (every backward split) for num_ranks ranks placed "loop" (num_chunks a rank, 1 unless given) or
     "v" (two), at a stage's costs {"forward": F, "backward": B, "weight": W} (a chunk's: a 1/num_chunks share) and a
     tensor's `message` time between ranks. memory: the most activations a rank may hold, in micro-batches of a stage
-    (a chunk's: a 1/num_chunks share), as tools/plan.py counts them. A greedy gives the first order (_greedy), a
-    pass backwards and one forwards (_reschedule) may shorten it; then, if it is faster, the fastest table of
-    schedules.py of the placement and chunks that fits the memory is a start too, rescheduled the same way. The
+    (a chunk's: a 1/num_chunks share), as tools/plan.py counts them, a B leaving weight_memory of its micro-batch's
+    held for its W (the zero-bubble paper's M_W / M_B; 1, all of it, unless given). A greedy gives the first order
+    (_greedy), a pass backwards and one forwards (_reschedule) may shorten it; then, if it is faster, the fastest
+    table of schedules.py of the placement and chunks that fits the memory is a start too, rescheduled the same way. The
     fastest order met is kept: never slower than a table that fits. Any that takes costs.least_step ends the
     search, since no order is faster. Below memory 1 no schedule runs: a rank holds a micro-batch from F to W."""
     if num_chunks is None:
         num_chunks = 2 if placement == "v" else 1
     limit = _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory)
-    found = _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message)
+    found = _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message, weight_memory)
     if found is None:
         raise ValueError(f"no order of {num_chunks} chunks a rank was found within memory {memory}: allow more.")
     return found[1]
 
 
 def best_search(num_ranks, num_microbatches, cost, memory, message=0.0, num_chunks=1, most_chunks=None,
-                placements=("loop", "v")):
+                placements=("loop", "v"), weight_memory=1):
     """search on each placement of `placements`: the loop at one chunk a rank, the loop at num_chunks if more, the
     V, each if it holds at most most_chunks a rank (a model of L layers holds L // n). The fastest, the first of
     those on a tie, as tools/plan.py finds it (its --save, 09's --schedule FILE.csv): (placement, chunks, tables).
@@ -309,7 +317,7 @@ def best_search(num_ranks, num_microbatches, cost, memory, message=0.0, num_chun
         limit = _pair_limit(num_ranks, num_microbatches, placement, chunks, memory)
         if best and costs.least_step(placement, num_ranks, chunks, num_microbatches, cost, message, limit) >= best[0]:
             continue
-        found = _search_placement(num_ranks, num_microbatches, placement, chunks, cost, limit, message)
+        found = _search_placement(num_ranks, num_microbatches, placement, chunks, cost, limit, message, weight_memory)
         if found and (best is None or found[0] < best[0]):
             best = found[0], placement, chunks, found[1]
     if best is None:
