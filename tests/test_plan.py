@@ -364,13 +364,16 @@ def test_the_papers_1f1b_and_zb_h1_rates_are_the_replays_window(row):
     assert round(1 - work / h2, 4) == zb_h2
 
 
-@pytest.mark.parametrize("row", PAPER[:6], ids=[f"p{row[0]}-m{row[1]}-h{row[6]}" for row in PAPER[:6]])
+@pytest.mark.parametrize("row", PAPER, ids=[f"p{row[0]}-m{row[1]}-h{row[6]}" for row in PAPER])
 def test_the_search_within_p_is_no_worse_than_the_papers_zb_1p(row):
     """The search on the loop at the paper's costs, memory p micro-batches of M_B and a B leaving its M_W / M_B
-    for its W: its window rate is at most the paper's ZB-1p's, and its peak within p."""
+    for its W: its window rate is at most the paper's ZB-1p's on every row, its peak within p, and it answers in
+    under 60 s (at 32 stages and 256 micro-batches too)."""
     p, m, forward, backward, weight, message, h, a = row[:8]
     cost, share = costs.stage_costs(forward, backward, weight), paper_weight_memory(h, a)
+    start = time.perf_counter()
     tables = search.search(p, m, "loop", cost, p, message, weight_memory=share)
+    assert time.perf_counter() - start < 60
     found = costs.simulate(tables, "loop", 1, cost, message, share)
     assert round(found.bubble_window, 4) <= row[11]
     assert max(found.peak_inflight) <= p + 1e-9
