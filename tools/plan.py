@@ -12,9 +12,10 @@ script's bubble_theory. window: the zero-bubble paper's bubble rate, 1 - the bus
 rank's window (its first computation's start to its last's end), which leaves out a rank's wait before its first F
 and after its last W. peak: activations alive at once, in micro-batches of a stage (a chunk of a rank holding v
 chunks is 1/v of a stage), on the rank that holds most and on rank 0. messages: the tensors a rank sends to another
-rank in a step, the most of any rank. search: tools/search.py on whichever placement is faster: the loop at one
-chunk a rank or at --virtual-stages, or the V. It is the row plan.py recommends (never slower than a row that fits
---memory): --save writes its table as PyTorch's compute_only CSV, which 09 and PyTorch's runtime run.
+rank in a step, the most of any rank. search: tools/search.py on whichever placement is better by --objective (the
+step, or the window): the loop at one chunk a rank or at --virtual-stages, or the V. It is the row plan.py
+recommends (by its objective, never worse than a row that fits --memory): --save writes its table as PyTorch's
+compute_only CSV, which 09 and PyTorch's runtime run.
 With --layers, every stage costs what it holds (theory.counted_costs, in block forwards, or with --costs-from each
 stage's own measured F, I and W, fitted as a block's and the head's; the search is run at the mean stage's), and
 each row comes twice: at --partition's split (even unless given) and at its balanced split.
@@ -65,6 +66,9 @@ parser.add_argument("--memory", type=float, help="the most activations a rank ma
 parser.add_argument("--weight-memory", type=float, default=1.0, metavar="R",
                     help="the share of a micro-batch's activations that its B leaves held until its W, 0 < R <= 1 "
                          "(the zero-bubble paper's M_W / M_B): the peaks and the search count it (1: all of it)")
+parser.add_argument("--objective", choices=("step", "window"), default="step",
+                    help="what the search shortens first: the step (one step to its flush) or the window (the "
+                         "zero-bubble paper's, as steps run back to back see it); the other breaks ties (step)")
 parser.add_argument("--placement", choices=("loop", "v"),
                     help="plan on this placement alone, the search's included (default: both)")
 harness.flags.add_flags(parser, "--json", "--svg")
@@ -101,12 +105,14 @@ def costs_from_trace(path):
     return means
 
 
-def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placements=("loop", "v"), weight_memory=1):
-    """Every schedule's row on `placements`, and the search's on whichever of them is faster (searched first: it
-    checks memory)."""
+def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placements=("loop", "v"), weight_memory=1,
+         objective="step"):
+    """Every schedule's row on `placements`, and the search's on whichever of them is better by the objective
+    (searched first: it checks memory)."""
     try:
         placement, chunks, tables = search.best_search(num_ranks, num_microbatches, cost, memory, message, num_chunks,
-                                                       placements=placements, weight_memory=weight_memory)
+                                                       placements=placements, weight_memory=weight_memory,
+                                                       objective=objective)
     except ValueError as error:
         harness.fail(str(error))
 
@@ -287,7 +293,7 @@ def main():
     memory = args.stages if args.memory is None else args.memory
     placements = (args.placement,) if args.placement else ("loop", "v")
     rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory, placements,
-                args.weight_memory)
+                args.weight_memory, args.objective)
     if args.layers is not None:
         rows = [split_row for row in rows for split_row in partitioned(row, args)]
     searched = rows[-1]  # with --layers, at its balanced split

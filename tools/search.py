@@ -198,6 +198,105 @@ def _reschedule(rank_of, starts, chunk_cost, message, limit, weight_memory, reve
     return span, forward_times, [order[::-1] for order in orders]
 
 
+def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_memory, hold_back_f, fill_waits):
+    """The zero-bubble paper's own heuristic (sail-sg's auto_schedule.py) on the loop at one chunk a rank, as a start:
+    micro-batches in order, 1F1B after a warm-up in which each rank runs the F's that end before its first B's input
+    can come (fewer than the rank below); a W only where memory needs it or while a rank would wait for an input,
+    on rank 0 all those owed before each B once its F's are done, and the rest at the end. Each wait is allowed up
+    to the longest idle met so far; past it a W fills it (fill_waits: always). hold_back_f: an F of a rank two ahead
+    of the next one waits if it would delay that B's return. Returns the orders, or None if memory is too small."""
+    cost, last = chunk_cost, num_ranks - 1
+    held_by = {kind: _held_by(kind, weight_memory) for kind in cost}
+    ends = {}  # (kind, rank, micro_batch): when it ends
+    clock, held, idle = [0.0] * num_ranks, [0.0] * num_ranks, [0.0] * num_ranks
+    count = [dict.fromkeys(cost, 0) for _ in range(num_ranks)]  # per rank, how many of each kind it has run
+    orders = [[] for _ in range(num_ranks)]
+
+    def input_in(kind, rank):
+        """When the input of the rank's next computation of this kind is in (its own inputs at no message)."""
+        micro_batch = count[rank][kind]
+        if kind == "forward":
+            return ends["forward", rank - 1, micro_batch] + message if rank else 0.0
+        if kind == "backward":
+            return ends["backward", rank + 1, micro_batch] + message if rank < last else ends[
+                "forward", rank, micro_batch]
+        return ends["backward", rank, micro_batch]
+
+    def put(rank, kind):
+        start = max(clock[rank], input_in(kind, rank))
+        if count[rank]["forward"]:
+            idle[rank] += start - clock[rank]
+        clock[rank] = start + cost[kind]
+        ends[kind, rank, count[rank][kind]] = clock[rank]
+        orders[rank].append((kind, rank, count[rank][kind]))
+        held[rank] += held_by[kind]
+        count[rank][kind] += 1
+
+    def owed(rank):
+        return count[rank]["backward"] - count[rank]["weight"]
+
+    def weights_before(rank, kind):
+        """The W's the rank runs before its next computation of this kind: for memory, then into its wait."""
+        while held[rank] + held_by[kind] > limit + 1e-9:
+            if not owed(rank):
+                raise ValueError("no W frees memory")
+            put(rank, "weight")
+        if (kind, rank) in (("forward", 0), ("backward", last)):  # its input is the rank's own
+            return
+        arrival = input_in(kind, rank)
+        while owed(rank) and clock[rank] + cost["weight"] <= arrival:
+            put(rank, "weight")
+        if owed(rank) and clock[rank] < arrival and (fill_waits or arrival - clock[rank] > max(idle) - idle[rank]):
+            put(rank, "weight")
+
+    for rank in range(num_ranks):
+        put(rank, "forward")
+    warm_up = [0] * num_ranks  # the F's each rank runs before its first B, after micro-batch 0's
+    backward_end = clock[last] + cost["backward"]
+    for rank in range(last - 1, -1, -1):
+        busy, holds = clock[rank], held[rank]
+        while 1 + warm_up[rank] < num_microbatches and holds + 1 <= limit + 1e-9 and \
+                busy + cost["forward"] <= backward_end + message:
+            busy, holds, warm_up[rank] = busy + cost["forward"], holds + 1, warm_up[rank] + 1
+        backward_end = max(busy, backward_end + message) + cost["backward"]
+    for rank in range(1, num_ranks):  # fewer than the rank below, unless it runs them all
+        if 1 + warm_up[rank] < num_microbatches:
+            warm_up[rank] = max(0, min(warm_up[rank], warm_up[rank - 1] - 1))
+    try:
+        for rank in range(num_ranks):
+            for _ in range(warm_up[rank]):
+                put(rank, "forward")
+        for rank in range(last, -1, -1):
+            put(rank, "backward")
+        for _ in range(1, num_microbatches):
+            wants = [count[rank]["forward"] < num_microbatches for rank in range(num_ranks)]
+            for rank in range(last):
+                if hold_back_f and wants[rank] and count[rank]["forward"] >= count[rank + 1]["forward"] + 2:
+                    returns = clock[rank + 1] + cost["forward"] + cost["backward"] + message
+                    freeing = min(owed(rank), max(0, math.ceil((held[rank] + 1 - limit - 1e-9) / weight_memory)))
+                    late = clock[rank] + cost["forward"] + freeing * cost["weight"] > returns
+                    wants[rank] = clock[rank] < returns and not (late and returns - clock[rank] <= max(idle) - idle[
+                        rank])
+            for rank in range(last - 1, -1, -1):  # a rank runs an F only if the next one does
+                wants[rank] = wants[rank] and wants[rank + 1]
+            for rank in range(num_ranks):
+                if wants[rank]:
+                    weights_before(rank, "forward")
+                    put(rank, "forward")
+            for rank in range(last, -1, -1):
+                if rank == 0 and count[0]["forward"] == num_microbatches:
+                    while owed(0):
+                        put(0, "weight")
+                weights_before(rank, "backward")
+                put(rank, "backward")
+    except ValueError:
+        return None
+    for rank in range(num_ranks):
+        while owed(rank):
+            put(rank, "weight")
+    return orders
+
+
 def _as_tables(orders):
     """Orders of (kind, stage, micro_batch) as tables of (kind, chunk, micro_batch): stage c n + r is chunk c on
     the loop, and on the V stage 2n - 1 - r is rank r's chunk 1."""
@@ -228,47 +327,71 @@ def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, cost, lim
     return fastest
 
 
-def _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message, weight_memory=1):
-    """search's table on one placement, and a bound on its step (its replay is no longer): (step, tables), or None
-    if no order was found. It stops as soon as an order takes costs.least_step: none is faster."""
+def _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message, weight_memory=1,
+                      objective="step"):
+    """search's table on one placement: (key, step, tables), or None if no order was found. Every order met is replayed
+    (costs.simulate) and keyed by the objective (_key); the least key wins. The starts: the greedy (_greedy) and
+    the passes from it (_shortened); on the loop at one chunk a rank, the zero-bubble paper's heuristic
+    (_warmed_up); the fastest table of schedules.py that fits (_fastest_table) and the passes from it. Judging by
+    step, each start after the greedy is tried only while no order takes costs.least_step: none is faster."""
     rank_of = [0] * num_ranks * num_chunks
     for rank in range(num_ranks):
         for chunk in range(num_chunks):
             rank_of[theory.stage(placement, num_ranks, rank, chunk)] = rank
     chunk_cost = {kind: cost[kind] / num_chunks for kind in ("forward", "backward", "weight")}
     least = costs.least_step(placement, num_ranks, num_chunks, num_microbatches, cost, message, limit)
-    best = math.inf, None  # the fastest order met: (step, tables)
+    work = num_microbatches * sum(cost[kind] for kind in ("forward", "backward", "weight"))
+    met = []  # (key, step, tables) of every order met
+
+    def meet(tables):
+        simulation = costs.simulate(tables, placement, num_chunks, cost, message, weight_memory)
+        met.append((_key(simulation, objective, work), simulation.step, tables))
+
+    def reached():  # judging by step, an order that takes the least step
+        return objective == "step" and bool(met) and min(met, key=lambda item: item[0])[1] <= least
+
     greedy = _greedy(rank_of, num_microbatches, chunk_cost, limit, weight_memory)
     if greedy:
-        span, starts, orders = greedy
-        tables = _as_tables(orders)
-        if message:  # the greedy ignored messages: replay its order with them
-            span = costs.simulate(tables, placement, num_chunks, cost, message).step
-        best = span, tables
-        if best[0] > least:
-            best = _shorten(rank_of, starts, chunk_cost, message, limit, weight_memory, best)
-    fastest = None if best[0] <= least else _fastest_table(num_ranks, num_microbatches, placement, num_chunks,
-                                                            cost, limit, message, weight_memory)
-    if fastest and fastest[0].step < best[0]:  # a table that fits is faster: go on from it
+        meet(_as_tables(greedy[2]))
+        if not reached():
+            for tables in _shortened(rank_of, greedy[1], chunk_cost, message, limit, weight_memory):
+                meet(tables)
+    if placement == "loop" and num_chunks == 1 and not reached():
+        for hold_back_f in (True, False):
+            for fill_waits in (True, False):
+                orders = _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_memory,
+                                    hold_back_f, fill_waits)
+                if orders:
+                    meet(_as_tables(orders))
+    fastest = None if reached() else _fastest_table(num_ranks, num_microbatches, placement, num_chunks, cost, limit,
+                                                    message, weight_memory)
+    if fastest:  # a table that fits: go on from it too
         simulation, tables = fastest
-        best = simulation.step, tables
+        meet(tables)
         starts = {computation: start for computation, (start, _) in simulation.spans.items()}
-        if best[0] > least:
-            best = _shorten(rank_of, starts, chunk_cost, message, limit, weight_memory, best)
-    return None if best[1] is None else best
+        if not reached():
+            for tables in _shortened(rank_of, starts, chunk_cost, message, limit, weight_memory):
+                meet(tables)
+    return min(met, key=lambda item: item[0]) if met else None
 
 
-def _shorten(rank_of, starts, chunk_cost, message, limit, weight_memory, best):
-    """best, (step, tables), or an order faster still from a pass backwards from these starts or the pass forwards
-    from its result (_reschedule)."""
+def _key(simulation, objective, work):
+    """How the search compares orders: by step, the pipeline's span, then by the longest rank's window (the
+    zero-bubble paper's measure, costs.Simulation.bubble_window), or by window then step; each rounded to 9 digits
+    (the step as a share of a rank's work), so that orders equal but for rounding tie."""
+    step, window = round(simulation.step / work, 9), round(simulation.bubble_window, 9)
+    return (step, window) if objective == "step" else (window, step)
+
+
+def _shortened(rank_of, starts, chunk_cost, message, limit, weight_memory):
+    """The tables of a pass backwards from these starts and of the pass forwards from its result (_reschedule),
+    while they do not deadlock."""
     for reverse in (True, False):
         result = _reschedule(rank_of, starts, chunk_cost, message, limit, weight_memory, reverse)
         if result is None:
-            break
-        span, starts, orders = result
-        if span < best[0]:
-            best = span, _as_tables(orders)
-    return best
+            return
+        _, starts, orders = result
+        yield _as_tables(orders)
 
 
 def _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory):
@@ -283,7 +406,8 @@ def _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory):
     return min(memory, num_microbatches) * num_chunks
 
 
-def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, num_chunks=None, weight_memory=1):
+def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, num_chunks=None, weight_memory=1,
+           objective="step"):
     """A table found, not written, in the spirit of the zero-bubble paper: each rank's forward, backward and weight
     computations (every backward split) for num_ranks ranks placed "loop" (num_chunks a rank, 1 unless given) or
     "v" (two), at a stage's costs {"forward": F, "backward": B, "weight": W} (a chunk's: a 1/num_chunks share) and a
@@ -297,29 +421,32 @@ def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, nu
     if num_chunks is None:
         num_chunks = 2 if placement == "v" else 1
     limit = _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory)
-    found = _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message, weight_memory)
+    found = _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message, weight_memory,
+                              objective)
     if found is None:
         raise ValueError(f"no order of {num_chunks} chunks a rank was found within memory {memory}: allow more.")
-    return found[1]
+    return found[2]
 
 
 def best_search(num_ranks, num_microbatches, cost, memory, message=0.0, num_chunks=1, most_chunks=None,
-                placements=("loop", "v"), weight_memory=1):
+                placements=("loop", "v"), weight_memory=1, objective="step"):
     """search on each placement of `placements`: the loop at one chunk a rank, the loop at num_chunks if more, the
     V, each if it holds at most most_chunks a rank (a model of L layers holds L // n). The fastest, the first of
     those on a tie, as tools/plan.py finds it (its --save, 09's --schedule FILE.csv): (placement, chunks, tables).
-    A placement whose costs.least_step is no shorter than a table already found is not searched: it could only
-    tie."""
-    best = None  # (step, placement, chunks, tables)
+    Judging by step, a placement whose costs.least_step is no shorter than a table already found is not searched:
+    it could only tie."""
+    best = None  # (key, step, placement, chunks, tables)
     for placement, chunks in [("loop", 1)] + [("loop", num_chunks)] * (num_chunks > 1) + [("v", 2)]:
         if placement not in placements or most_chunks is not None and chunks > most_chunks:
             continue
         limit = _pair_limit(num_ranks, num_microbatches, placement, chunks, memory)
-        if best and costs.least_step(placement, num_ranks, chunks, num_microbatches, cost, message, limit) >= best[0]:
+        least = costs.least_step(placement, num_ranks, chunks, num_microbatches, cost, message, limit)
+        if best and objective == "step" and least >= best[1]:
             continue
-        found = _search_placement(num_ranks, num_microbatches, placement, chunks, cost, limit, message, weight_memory)
+        found = _search_placement(num_ranks, num_microbatches, placement, chunks, cost, limit, message, weight_memory,
+                                  objective)
         if found and (best is None or found[0] < best[0]):
-            best = found[0], placement, chunks, found[1]
+            best = *found[:2], placement, chunks, found[2]
     if best is None:
         raise ValueError(f"no order was found within memory {memory}: allow more.")
-    return best[1:]
+    return best[2:]
