@@ -8,8 +8,9 @@ that returns each rank's computations, (kind, chunk, micro_batch); the loop belo
 
 A full backward B (GPipe, 1F1B, DualPipeV) runs its I, then its W at once; the theory counts it two units. In
 DualPipeV a forward and the full backward after it may be one step ([ ]): both inputs are in before it begins,
-and both results leave together at its end. n = 2, m = 5, small letters chunk 1, replayed (python tools/draw.py
---schedule dualpipev --stages 2 --micro-batches 5 --full-backward-units 2):
+and both results leave together at its end; with --pace, --overlap R paces its parts at R of their spans, as if
+the two were hidden in each other (down to the longer part's share). n = 2, m = 5, small letters chunk 1, replayed
+(python tools/draw.py --schedule dualpipev --stages 2 --micro-batches 5 --full-backward-units 2):
 
     rank 0  F0 F1 F2 f0 i0 w0 f1[F3 b1]     [f2 B0]  [F4 b2]  [f3 B1]   b3      [f4 B2]   b4    I3 W3 I4 W4
     rank 1     F0 f0 F1 f1 F2 b0   [f2 B0]  [F3 b1]  [f3 B1]  [F4 b2]  [f4 B2]   b3    B3       i4 I4 w4 W4
@@ -31,13 +32,14 @@ from common import (
     timetable,
     wait_for_sends,
 )
-from harness import dump, log_step, parse_args, record, report, timed_step, track
-from theory import bubbles, peak_inflight
+from harness import dump, log_step, pace_share, parse_args, record, report, timed_step, track
+from theory import bubbles, peak_inflight, steps
 
 args = parse_args(__doc__, micro_batches=True, schedules=schedules)
 rank, num_ranks, device = setup(args, placement=args.placement)  # "loop" or "v", as the schedule places its chunks
 num_chunks = args.virtual_stages  # 2 on the V; on the loop, 1 or --virtual-stages; a file's own
 tables = schedules.load(args.schedule, num_ranks, args.micro_batches, num_chunks).tables  # as parse_args checked it
+overlapped = {computation for step in steps(tables[rank]) if len(step) == 2 for computation in step}  # F&B steps
 # this rank's layers only: chunk c is stage c n + rank ("loop"), or rank and 2n - 1 - rank ("v")
 stages = [build_stage(args, stage_of(rank, chunk), num_ranks * num_chunks, device) for chunk in range(num_chunks)]
 optimizer = torch.optim.Adam([param for stage in stages for param in stage.parameters()], lr=args.lr)
@@ -132,6 +134,7 @@ def train_step(inputs, labels):
                          for kind, chunk, i in moment.sends], *moment.recvs)
         waiting.update(dict.fromkeys(moment.recvs, pending))
         kind, chunk, i = moment.computation or (None, None, None)
+        pace_share(args.overlap if (kind, chunk, i) in overlapped else 1.0)  # --pace an F&B step at --overlap
         if kind == "weight":
             weight_step(i, weight_works.pop((chunk, i)), chunk)
         elif kind:
@@ -160,4 +163,4 @@ dump(args.dump_params, {name: param for stage in stages for name, param in stage
 # the table's own count: in flight from F to W; its replay's bubbles at --pace's spans (F, I and W one each, a full
 # backward two, on a stage of average cost)
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
-       bubble_theory=lambda spans: bubbles(tables, stage_of, num_ranks * num_chunks, spans))
+       bubble_theory=lambda spans: bubbles(tables, stage_of, num_ranks * num_chunks, spans, overlap=args.overlap))

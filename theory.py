@@ -6,6 +6,8 @@ counted_costs each stage's F, I and W, counted from its layers in block forwards
 replay        when each computation starts, and when its result is out, if each takes its cost (the same on every
               stage, or each stage's own); common.timetable follows it, and the harness replays a run's own order
 bubbles       each rank's idle share of its pipeline's span, from a replay (busiest_bubble: the busiest rank's)
+steps         a table's steps: a computation, or a forward and the overlapped backward after it (F&B), which lasts
+              an overlap of its two parts (least_overlap: the most they can hide in each other)
 balanced      the contiguous split of the blocks whose replayed step is least (--partition balanced)
 peak_inflight the (chunk, micro_batch) pairs a rank keeps alive at its peak, counted over its table
 *_bubble      the closed forms, every computation one unit: naive, GPipe and 1F1B, ZB-H1, ZB-V
@@ -57,13 +59,14 @@ def _per_stage(cost, num_stages):
     return cost if isinstance(cost, list) else [cost] * num_stages
 
 
-def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):
+def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0, overlap=1.0):
     """When each computation starts and ends if every rank runs its table of (kind, chunk, micro_batch) in order,
     a computation takes cost[kind] (or cost[stage][kind], a list of each stage's) and a tensor from another rank
     `message` more: a forward waits for the previous
     stage's, a backward (split, full or overlapped) for the next stage's (the last stage's for its own forward), a
     weight gradient for its B. A forward and the overlapped backward after it are one step: it begins once both
-    inputs are in, and both results leave at its end. stage_of(rank, chunk) places the chunks.
+    inputs are in, lasts `overlap` of its two parts (1: one after the other; least_overlap: the most they can hide
+    in each other), and both results leave at its end. stage_of(rank, chunk) places the chunks.
     Returns {(kind, stage, micro_batch): (start, when its result is out)}; one that cannot run (nor any after it
     on its rank) is missing."""
     rank_of = {stage_of(rank, chunk): rank for rank, table in enumerate(tables) for _, chunk, _ in table}
@@ -90,13 +93,13 @@ def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):
         progress = False
         for rank, table in enumerate(tables):
             while position[rank] < len(table):
-                pair = table[position[rank]:position[rank] + 2]
-                step = pair if pair[-1][0] == "overlapped_backward" else pair[:1]  # F&B: one step
+                step = _step(table, position[rank])
                 inputs = [ready(rank, *computation) for computation in step]
                 if None in inputs:
                     break  # an input is not made yet: another rank first
                 start = max([clock[rank], *inputs])
-                end = start + sum(costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in step)
+                end = start + (overlap if len(step) == 2 else 1) * sum(costs[stage_of(rank, chunk)][kind]
+                                                                       for kind, chunk, _ in step)
                 for kind, chunk, micro_batch in step:
                     stage = stage_of(rank, chunk)
                     spans[kind, stage, micro_batch] = start, end  # its result is out at the step's end
@@ -109,17 +112,49 @@ def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):
     return spans
 
 
-def bubbles(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):
-    """Each rank's bubble when its table is replayed at cost[kind] (or cost[stage][kind]) a computation: the share
-    of the pipeline's span, from the first start to the last end, that the rank spends idle."""
-    length = max(end for _, end in replay(tables, stage_of, num_stages, cost, message).values())
-    return [1 - busy / length for busy in computing(tables, stage_of, num_stages, cost)]
+def bubbles(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0, overlap=1.0):
+    """Each rank's bubble when its table is replayed at cost[kind] (or cost[stage][kind]) a computation and an F&B
+    step at `overlap` of its parts: the share of the pipeline's span, from the first start to the last end, that the
+    rank spends idle."""
+    length = max(end for _, end in replay(tables, stage_of, num_stages, cost, message, overlap).values())
+    return [1 - busy / length for busy in computing(tables, stage_of, num_stages, cost, overlap)]
 
 
-def computing(tables, stage_of, num_stages, cost=UNIT_COSTS):
-    """Each rank's time computing, its table at cost[kind] (or cost[stage][kind]) a computation."""
+def computing(tables, stage_of, num_stages, cost=UNIT_COSTS, overlap=1.0):
+    """Each rank's time computing, its table at cost[kind] (or cost[stage][kind]) a computation, an F&B step
+    (a forward and the overlapped backward after it) at `overlap` of its two parts."""
     costs = _per_stage(cost, num_stages)
-    return [sum(costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in table) for rank, table in enumerate(tables)]
+    return [sum((overlap if len(step) == 2 else 1) * sum(costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in step)
+                for step in steps(table)) for rank, table in enumerate(tables)]
+
+
+def least_overlap(tables, stage_of, num_stages, cost=UNIT_COSTS):
+    """The least `overlap` (replay) of these tables' F&B steps: the most that any step's longer part is of its two,
+    where they hide in each other entirely; 0 if no step pairs two."""
+    costs = _per_stage(cost, num_stages)
+    least = 0.0
+    for rank, table in enumerate(tables):
+        for step in steps(table):
+            parts = [costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in step]
+            if len(parts) == 2:
+                least = max(least, max(parts) / sum(parts))
+    return least
+
+
+def _step(table, position):
+    """The step a rank runs from this position of its table: a computation, or a forward and the overlapped
+    backward after it (an F&B step)."""
+    pair = table[position:position + 2]
+    return pair if pair[-1][0] == "overlapped_backward" else pair[:1]
+
+
+def steps(table):
+    """A table's steps in order (_step)."""
+    position = 0
+    while position < len(table):
+        step = _step(table, position)
+        yield step
+        position += len(step)
 
 
 def busiest_bubble(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0):

@@ -10,9 +10,9 @@ pictures.py  the last step as text and as an SVG, and every span as a Chrome tra
 """
 
 from harness.flags import PipelineError, fail, gave_up, parse_args
-from harness.meters import log_step, pace_at, posted, record, started, timed_step, track
+from harness.meters import log_step, pace_at, pace_share, posted, record, started, timed_step, track
 from harness.startup import after_setup, before_setup, dump, finish
 from harness.summary import report
 
 __all__ = ["PipelineError", "after_setup", "before_setup", "dump", "fail", "finish", "gave_up", "log_step",
-           "pace_at", "parse_args", "posted", "record", "report", "started", "timed_step", "track"]
+           "pace_at", "pace_share", "parse_args", "posted", "record", "report", "started", "timed_step", "track"]

@@ -8,6 +8,8 @@ import time
 import torch
 import torch.distributed as dist
 
+import theory
+
 
 class PipelineError(Exception):
     """A failure explained in one sentence: printed as such, without a traceback."""
@@ -52,6 +54,10 @@ FLAGS = {
     "--schedule": dict(default="1f1b", metavar="NAME|FILE.csv",
                        help="the table to run: one of {schedules}, or a file in PyTorch's compute_only CSV "
                             "(tools/plan.py --save writes one)"),
+    "--overlap": dict(type=float, default=1.0, metavar="R",
+                      help="an overlapped F&B step (DualPipeV's) lasts R of its forward and its full backward one "
+                           "after the other: 1, no overlap, down to the longer part's share, each hidden in the other "
+                           "(09: with --pace, each part paced at R of its span)"),
     "--json": dict(action="store_true", help="print the results as JSON, an object a line (plan.py: not its table)"),
     "--svg": dict(metavar="FILE", help="draw the timeline as a picture (SVG): a run's last step, a plan's table"),
     "--dump-grads": dict(metavar="DIR", help="write each rank's gradients after the first backward, DIR/rank{{R}}.pt: "
@@ -101,7 +107,7 @@ def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False
     if schedule:
         parser.set_defaults(schedule=schedule)
     if schedules:
-        add_flags(parser, "--schedule", "--virtual-stages", schedules=", ".join(schedules.SCHEDULES))
+        add_flags(parser, "--schedule", "--virtual-stages", "--overlap", schedules=", ".join(schedules.SCHEDULES))
         parser.set_defaults(virtual_stages=None)  # the table's own chunks unless given
     if virtual_stages:
         add_flags(parser, "--virtual-stages")
@@ -148,6 +154,25 @@ def _check_schedule(args, schedules):
     except ValueError as error:
         fail(f"--schedule {args.schedule} on {num_ranks} rank{'s' * (num_ranks > 1)}: {error}")
     args.placement, args.virtual_stages = found.placement, found.num_chunks
+    _check_overlap(args, found)
+
+
+def _check_overlap(args, found):
+    """09: --overlap above 0, at most 1, and no less than the table's F&B steps allow at --pace's spans of stages
+    of equal cost (theory.least_overlap: a forward one span, a full backward two), where each part is paced at that
+    share of its span."""
+    if not 0 < args.overlap <= 1:
+        fail(f"--overlap is {args.overlap:g}: an F&B step lasts a share of its two parts one after the other, above 0 "
+             "and at most 1 (no overlap).")
+    num_ranks = len(found.tables)
+
+    def stage_of(rank, chunk):
+        return theory.stage(found.placement, num_ranks, rank, chunk)
+
+    least = theory.least_overlap(found.tables, stage_of, num_ranks * found.num_chunks, theory.UNIT_COSTS)
+    if args.overlap < least - 1e-12:
+        fail(f"--overlap {args.overlap:g} is below {least:.4g}, the least of this table's F&B steps at --pace's spans: "
+             "a step lasts its longer part at least, the other hidden in it; pass that or more (1: no overlap).")
 
 
 def _check_partition(args, num_stages):

@@ -58,6 +58,7 @@ class _Recorder:
         self.enabled, self.alternate = True, False  # alternate (--overhead): instrument the even steps only
         self.pace, self.overruns = 0.0, 0  # --pace in seconds, and the computations that took longer
         self.paces = [1.0]  # each of this rank's chunks' span in paces (pace_at)
+        self.share = 1.0  # of its span, the next computations' pace (pace_share)
         self.spans, self.steps, self.posts, self.losses = [], [], [], []  # Span, StepTime, Post, float
         self.step, self.pending = 0, []  # the step's number and spans (on CUDA, events read once it is over)
         self.saved, self.held = _Meter(), _Meter()
@@ -142,7 +143,7 @@ def record(kind, micro_batch, chunk=0):
     if recorder.pace and kind != "wait":
         if recorder.device.type == "cuda":
             torch.cuda.synchronize(recorder.device)  # pacing times the arithmetic itself, so it waits for it
-        left = began + recorder.pace * recorder.paces[chunk] - time.perf_counter()
+        left = began + recorder.pace * recorder.share * recorder.paces[chunk] - time.perf_counter()
         recorder.overruns += left < 0
         time.sleep(max(0.0, left))
     if recorder.enabled:
@@ -154,6 +155,11 @@ def pace_at(costs, stages):
     stage's cost (theory.paced_spans). costs: every stage's (theory.counted_costs); stages: the stage of each chunk."""
     spans = theory.paced_spans(costs)
     recorder.paces = [spans[stage]["forward"] for stage in stages]
+
+
+def pace_share(share):
+    """--pace the computations from now on at this share of their spans (09: an F&B step's parts at --overlap)."""
+    recorder.share = share
 
 
 def started(kind, start, nbytes=0):

@@ -28,7 +28,7 @@ from tests.launch import (
     size,
     torch_csv,
 )
-from theory import UNIT_COSTS, peak_inflight
+from theory import UNIT_COSTS, computing, counted_costs, paced_spans, peak_inflight, stage
 from tools import search
 from tools.costs import parse_costs
 from tools.held import held_count
@@ -143,24 +143,49 @@ def saved(tmp_path_factory):
     return save
 
 
-def paced(runs, again, name, expected=None):
-    """09's run of `name` paced at 50 ms, n = 4, m = 8: its summary (tests.launch.settled, against `expected`, its own
-    bubble_theory if None)."""
+def paced(runs, again, name, expected=None, *flags):
+    """09's run of `name` paced at 50 ms, n = 4, m = 8, and 09's `flags`: its summary (tests.launch.settled, against
+    `expected`, its own bubble_theory if None)."""
     def start(runner, pace):
-        return runner(SCRIPT, 4, *PACED, *pace, "--micro-batches", "8", "--schedule", name)
+        return runner(SCRIPT, 4, *PACED, *pace, "--micro-batches", "8", "--schedule", name, *flags)
 
     return settled(runs, again, start, 50, expected).summary
 
 
-@pytest.mark.parametrize("name", [*NAMES, "search"])
+# the search's tables as tools/plan.py saves them for PACED's model: within 1F1B's memory, and within less than it,
+# a B leaving 0.3 of its micro-batch for its W
+PACED_PLANS = {"search": (), "search-sharing": ("--memory", "2.5", "--weight-memory", "0.3", "--virtual-stages", "1")}
+
+
+@pytest.mark.parametrize("name", [*NAMES, *PACED_PLANS])
 def test_paced_bubble_is_the_replay(runs, again, saved, name):
     """Paced at 50 ms, n = 4, m = 8: the busiest rank's bubble is the table's replay at --pace's spans (F, I and W
     each its stage's cost over the mean stage's: the last, with the head, longer) within 0.03; the search's as
     tools/plan.py saves it."""
-    summary = paced(runs, again, saved(4, 8, *MODEL) if name == "search" else name)
+    summary = paced(runs, again, saved(4, 8, *MODEL, *PACED_PLANS[name]) if name in PACED_PLANS else name)
     assert summary["paced_overruns"] == 0
     assert abs(summary["bubble_busiest"] - summary["bubble_theory"]) <= 0.03, (summary["bubble_per_rank"],
                                                                                summary["bubble_theory"])
+
+
+def test_overlap_paces_each_f_and_b_step_at_its_share(runs, again):
+    """09 --schedule dualpipev --overlap 0.75, paced: each F&B step's parts take 0.75 of their spans, so each rank
+    computes for its table's time at that overlap (theory.computing, within 3%: every span is a sleep), a twentieth
+    and more below its time without one; and the busiest rank's bubble is the replay's at that overlap within 0.03."""
+    n, m, overlap = 4, 8, 0.75
+    summary = paced(runs, again, "dualpipev", None, "--overlap", str(overlap))
+    tables = schedules.dualpipev(n, m)
+    blocks = [last - first for first, last in partition(8, 2 * n)]
+    spans = paced_spans(counted_costs(blocks, 24, 10), UNIT_COSTS)
+
+    def stage_of(rank, chunk):
+        return stage("v", n, rank, chunk)
+
+    overlapped, whole = (computing(tables, stage_of, 2 * n, spans, share) for share in (overlap, 1.0))
+    assert [ms / summary["pace_ms"] for ms in summary["compute_ms"]] == pytest.approx(overlapped, rel=0.03)
+    assert all(busy > 1.05 * less for busy, less in zip(whole, overlapped))
+    assert summary["paced_overruns"] == 0
+    assert abs(summary["bubble_busiest"] - summary["bubble_theory"]) <= 0.03
 
 
 def test_plan_is_what_runs(runs, again, saved):
@@ -180,19 +205,27 @@ def test_plan_is_what_runs(runs, again, saved):
 
 
 # (world size, micro-batches, layers, plan.py's flags, 09's): the search's tables, saved by tools/plan.py and run by
-# 09, at memories from 1F1B's (the default) to 2n, costs that favour either placement, --sync-sends at every other.
+# 09, at memories from 1F1B's (the default) to 2n, costs that favour either placement, --sync-sends at every other;
+# then below 1F1B's memory where a B leaves a share of its micro-batch for its W, and judged by the window.
 SEARCHES = [(2, 3, 7, (), ()), (3, 6, 7, ("--memory", "6"), SYNC), (4, 8, 9, ("--costs", "1,2,1", "--memory", "8"), ()),
             (4, 7, 9, ("--costs", "1,3,1"), SYNC), (3, 4, 7, ("--costs", "2,2,1,0.5", "--memory", "2"), ()),
             (3, 6, 7, ("--virtual-stages", "2"), SYNC), (2, 5, 7, ("--virtual-stages", "3", "--costs", "1,2,1"), ()),
-            (0, 3, 7, (), ())]
+            (0, 3, 7, (), ()), (4, 8, 9, ("--memory", "2.5", "--weight-memory", "0.3"), SYNC),
+            (4, 8, 9, ("--memory", "2.5", "--weight-memory", "0.3"), ()),
+            (3, 9, 7, ("--costs", "2,2,1,0.2", "--memory", "6", "--weight-memory", "0.4", "--objective", "window",
+                       "--virtual-stages", "1"), SYNC)]
 
 
 def searched(world, micro_batches, flags):
-    """tools/search.best_search for plan.py's --costs, --memory and --virtual-stages: (placement, chunks, tables)."""
-    cost, message = parse_costs(flags[flags.index("--costs") + 1] if "--costs" in flags else "1,1,1")
-    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else max(world, 1)
-    looped = int(flags[flags.index("--virtual-stages") + 1]) if "--virtual-stages" in flags else 2
-    return search.best_search(max(world, 1), micro_batches, cost, memory, message, looped)
+    """tools/search.best_search for plan.py's --costs, --memory, --virtual-stages, --weight-memory and --objective:
+    (placement, chunks, tables)."""
+    def flag(name, default):
+        return flags[flags.index(name) + 1] if name in flags else default
+
+    cost, message = parse_costs(flag("--costs", "1,1,1"))
+    return search.best_search(max(world, 1), micro_batches, cost, float(flag("--memory", max(world, 1))), message,
+                              int(flag("--virtual-stages", 2)), weight_memory=float(flag("--weight-memory", 1)),
+                              objective=flag("--objective", "step"))
 
 
 @pytest.mark.parametrize("world,micro_batches,layers,plan_flags,flags", SEARCHES,
@@ -276,6 +309,9 @@ def test_a_bad_table_file_is_one_sentence(tmp_path, rows, flags, words):
     (2, ("--schedule", "looped-bfs", "--virtual-stages", "4", "--layers", "7"), ("x 4 virtual stages", "--layers 8")),
     (2, ("--schedule", "interleaved-1f1b", "--virtual-stages", "0"), ("--virtual-stages must be at least 1",)),
     (2, ("--schedule", "search"), ("no schedule named 'search'", "gpipe")),
+    (2, ("--schedule", "dualpipev", "--overlap", "0"), ("--overlap is 0", "at most 1")),
+    (2, ("--schedule", "dualpipev", "--overlap", "1.5"), ("--overlap is 1.5", "at most 1")),
+    (2, ("--schedule", "dualpipev", "--overlap", "0.6"), ("--overlap 0.6 is below 0.6667", "longer part")),
 ])
 def test_bad_input(tmp_path, ranks, flags, words):
     """One sentence, on every rank's behalf (each finds it before it meets another: tests/test_failures.py shows

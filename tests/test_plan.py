@@ -72,7 +72,7 @@ def test_every_schedule_balanced_at_64_stages_256_micro_batches_and_512_blocks_i
     """tools/plan.py --layers 512 --hidden 1024 --classes 16384 at 64 stages and 256 micro-batches: each schedule's
     rows at the even and the balanced split (plan.partitioned) in under 20 s, table and replays included. (The
     search's own time is the test above's.)"""
-    model = SimpleNamespace(layers=512, hidden=1024, classes=16384, partition="even", weight_memory=1)
+    model = SimpleNamespace(layers=512, hidden=1024, classes=16384, partition="even", weight_memory=1, overlap=1.0)
     model.costs_of = counted(model)  # plan.py's counted costs for it
     for name, (_, placement) in schedules.SCHEDULES.items():
         chunks = 2 if schedules.takes_virtual_stages(name) or placement == "v" else 1
@@ -284,24 +284,36 @@ def test_save_writes_the_search_table_and_svg_draws_it(tmp_path, flags):
     assert (tmp_path / "plan.svg").read_text().count("<rect") == 1 + sum(len(table) for table in tables)
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 6, 8])
-@pytest.mark.parametrize("more", [0, 1, 5])
+@pytest.mark.parametrize("n", range(2, 9))
+@pytest.mark.parametrize("more", [0, 1, 3, "n", "2n+1"])
 def test_dualpipev_idles_deepseeks_formula(n, more):
     """DeepSeek-V3's Table 2: DualPipe's bubble is (PP/2 - 1)(F&B + B - 3W), F a forward chunk, B a full backward
     chunk, W its weight part, F&B a forward and a backward overlapped. DualPipeV (our dualpipev, PyTorch's
     ScheduleDualPipeV) is DualPipe on PP = 2n stages cut in half, onto n ranks. At F = I = W = 1 a chunk and no
-    overlap (F&B = F + B = 3, B = 2) that is 2(n - 1): the most any rank idles within its own window, its first
-    computation to its last, at m = 2n and more."""
-    m = 2 * n + more
-    tables = schedules.dualpipev(n, m)
-    simulation = costs.simulate(tables, "v", 2, costs.stage_costs(2, 2, 2))  # a chunk: half a stage, 1, 1, 1
-    idle = []
-    for rank, table in enumerate(tables):
-        mine = [simulation.spans[kind, theory.stage("v", n, rank, chunk), i] for kind, chunk, i in table]
-        window = max(end for _, end in mine) - min(start for start, _ in mine)
-        idle.append(window - 6 * m)  # every rank computes m (F + I + W) on each of its two chunks
+    overlap (F&B = F + B = 3, B = 2) that is 2(n - 1): plan.py's window_idle of its dualpipev row, the most any rank
+    idles within its own window (its first computation to its last), at every n and m = 2n and more."""
+    m = 2 * n + {"n": n, "2n+1": 2 * n + 1}.get(more, more)
+    found = {row.schedule: row for row in plan_rows(n, m, 2, costs.stage_costs(2, 2, 2), 0.0, n, ("v",))}
     pp = 2 * n
-    assert max(idle) == pytest.approx((pp / 2 - 1) * (3 + 2 - 3 * 1))
+    assert found["dualpipev"].simulation.window_idle == pytest.approx((pp / 2 - 1) * (3 + 2 - 3 * 1))
+
+
+def test_overlap_shortens_each_f_and_b_step_alone():
+    """--overlap 0.8: each of DualPipeV's F&B steps lasts 0.8 of its forward and full backward (a chunk's F 0.5,
+    I + W 1.5 at --costs 1,2,1), its rank computing that much less; a row without F&B steps is the same as at 1."""
+    flags = ["--stages", "4", "--micro-batches", "8", "--costs", "1,2,1"]
+    whole, overlapped = rows(*flags), rows(*flags, "--overlap", "0.8")
+    assert overlapped["dualpipev"]["step"] < whole["dualpipev"]["step"]
+    assert {name: row["step"] for name, row in overlapped.items() if name != "dualpipev"} == {
+        name: row["step"] for name, row in whole.items() if name != "dualpipev"}
+    tables, cost = schedules.dualpipev(4, 8), costs.stage_costs(1, 2, 1)
+    simulation = costs.simulate(tables, "v", 2, cost, overlap=0.8)
+    for rank, table in enumerate(tables):
+        for (kind, chunk, i), (next_kind, next_chunk, j) in zip(table, table[1:]):
+            if next_kind == "overlapped_backward":
+                start, _ = simulation.spans[kind, theory.stage("v", 4, rank, chunk), i]
+                _, end = simulation.spans[next_kind, theory.stage("v", 4, rank, next_chunk), j]
+                assert end - start == pytest.approx(0.8 * (0.5 + 1.5))
 
 
 @pytest.mark.parametrize("placement", ["loop", "v"])
@@ -317,7 +329,8 @@ def test_placement_keeps_the_plan_and_its_search_to_one(placement):
     ["--memory", "0.5"], ["--costs", "1,x,1"], ["--costs", "1,2"], ["--costs", "1,0,1"], ["--costs", "1,1,1,-1"],
     ["--costs-from", "TRACE_WITHOUT_SPANS"], ["--costs-from", "NO_SUCH_FILE"], ["--costs-from", "NOT_JSON"],
     ["--stages", "0"], ["--stages", "four"], ["--placement", "ring"], ["--layers", "8", "--partition", "4,x"],
-    ["--layers", "0"], ["--weight-memory", "0"], ["--weight-memory", "1.5"]])
+    ["--layers", "0"], ["--weight-memory", "0"], ["--weight-memory", "1.5"], ["--overlap", "0"], ["--overlap", "1.5"],
+    ["--overlap", "0.6"], ["--objective", "bubble"]])
 def test_bad_input_is_one_sentence_and_a_failure(flags, tmp_path):
     write_trace(tmp_path / "empty.json", [{"name": "wait", "cat": "wait", "ph": "X", "ts": 0, "dur": 5}])
     (tmp_path / "garbage.json").write_text("{not json")

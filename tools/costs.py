@@ -41,18 +41,19 @@ class Simulation(NamedTuple):
     step: float  # from the first start to the last end
     bubble: float  # the busiest rank's idle share of the step, as a script's bubble_theory
     bubble_window: float  # the zero-bubble paper's: 1 - the busiest rank's work over the longest rank's window
+    window_idle: float  # the most any rank idles within its own window, first start to last end (DeepSeek's bubble)
     peak_inflight: list  # each rank's most activations alive at once, in micro-batches of a stage
     messages: list  # each rank's tensors sent to another rank
     spans: dict  # {(kind, stage, micro_batch): (start, when its result is out)}, as replay gives them
 
 
-def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0, weight_memory=1):
+def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0, weight_memory=1, overlap=1.0):
     """A table's step, bubble, memory and messages in one call, at a stage's costs (stage_costs) and a message
     time. A rank holding num_chunks chunks holds 1/num_chunks of a stage in each: a chunk's computation costs
     that share of a stage's (unless cost is a list, each chunk's own: theory.counted_costs), and its activations
     count as that share of a micro-batch's (its peak is counted over its table: a rank's count changes only at
-    its own computations; a B leaves weight_memory of a pair held until its W). ValueError if the table cannot
-    run."""
+    its own computations; a B leaves weight_memory of a pair held until its W); an F&B step lasts `overlap` of its
+    two parts (theory.replay). ValueError if the table cannot run."""
     num_ranks = len(tables)
     stages = {(rank, chunk): theory.stage(placement, num_ranks, rank, chunk) for rank in range(num_ranks)
               for chunk in range(num_chunks)}
@@ -61,16 +62,17 @@ def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0,
         return stages[rank, chunk]
 
     chunk_cost = cost if isinstance(cost, list) else {kind: value / num_chunks for kind, value in cost.items()}
-    spans = theory.replay(tables, stage_of, num_ranks * num_chunks, chunk_cost, message)
+    spans = theory.replay(tables, stage_of, num_ranks * num_chunks, chunk_cost, message, overlap)
     if len(spans) < sum(len(table) for table in tables):
         raise ValueError("the table cannot run: a rank waits for an input that the orders never make (deadlock).")
     step = max(end for _, end in spans.values()) - min(start for start, _ in spans.values())
-    busiest = max(theory.computing(tables, stage_of, num_ranks * num_chunks, chunk_cost))
+    busy = theory.computing(tables, stage_of, num_ranks * num_chunks, chunk_cost, overlap)
     windows = []  # each rank's, from its first computation's start to its last's end
     for rank, table in enumerate(tables):
         mine = [spans[kind, stage_of(rank, chunk), micro_batch] for kind, chunk, micro_batch in table]
         windows.append(max(end for _, end in mine) - min(start for start, _ in mine))
-    return Simulation(step, 1 - busiest / step, 1 - busiest / max(windows),
+    return Simulation(step, 1 - max(busy) / step, 1 - max(busy) / max(windows),
+                      max(window - work for window, work in zip(windows, busy)),
                       [peak / num_chunks for peak in theory.peak_inflight(tables, weight_memory)],
                       messages(tables, stage_of, num_ranks * num_chunks), spans)
 

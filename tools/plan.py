@@ -71,7 +71,7 @@ parser.add_argument("--objective", choices=("step", "window"), default="step",
                          "zero-bubble paper's, as steps run back to back see it); the other breaks ties (step)")
 parser.add_argument("--placement", choices=("loop", "v"),
                     help="plan on this placement alone, the search's included (default: both)")
-harness.flags.add_flags(parser, "--json", "--svg")
+harness.flags.add_flags(parser, "--overlap", "--json", "--svg")
 parser.add_argument("--save", metavar="FILE.csv", help="write the search's table, in PyTorch's compute_only CSV")
 harness.flags.add_flags(parser, "--layers", "--hidden", "--classes", "--partition")
 parser.set_defaults(layers=None)  # --costs, unless the model is given
@@ -106,7 +106,7 @@ def costs_from_trace(path):
 
 
 def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placements=("loop", "v"), weight_memory=1,
-         objective="step"):
+         objective="step", overlap=1.0):
     """Every schedule's row on `placements`, and the search's on whichever of them is better by the objective
     (searched first: it checks memory)."""
     try:
@@ -117,7 +117,7 @@ def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placeme
         harness.fail(str(error))
 
     def simulated(tables, placement, chunks):
-        return costs.simulate(tables, placement, chunks, cost, message, weight_memory)
+        return costs.simulate(tables, placement, chunks, cost, message, weight_memory, overlap)
 
     searched = Row("search", placement, chunks, tables, simulated(tables, placement, chunks))
     rows = []
@@ -131,6 +131,24 @@ def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placeme
         except ValueError as error:  # a layout the rule does not take, or a table that cannot run
             rows.append(Row(name, placement, chunks, error=str(error)))
     return rows + [searched]
+
+
+def check_overlap(rows, args, cost):
+    """--overlap no less than any row's F&B steps allow at the costs it was replayed at, or one sentence."""
+    for row in rows:
+        if row.tables is None:
+            continue
+        num_ranks = len(row.tables)
+
+        def stage_of(rank, chunk):
+            return theory.stage(row.placement, num_ranks, rank, chunk)
+
+        stage_costs = cost if row.partition is None else args.costs_of(row.partition)
+        least = theory.least_overlap(row.tables, stage_of, num_ranks * row.chunks, stage_costs)
+        if args.overlap < least - 1e-12:
+            harness.fail(f"--overlap {args.overlap:g} is below {least:.4g}, the least of {row.schedule}'s F&B steps at "
+                         "these costs: a step lasts its longer part at least, the other hidden in it; pass that or "
+                         "more (1: no overlap).")
 
 
 def split(args, num_stages):
@@ -164,9 +182,9 @@ def partitioned(row, args):
     rows = []
     for blocks in splits + [balanced] * (balanced not in splits):
         stage_costs = args.costs_of(blocks)
-        rows.append(row._replace(partition=blocks, simulation=costs.simulate(row.tables, row.placement, row.chunks,
-                                                                             stage_costs,
-                                                                             weight_memory=args.weight_memory)))
+        rows.append(row._replace(partition=blocks, simulation=costs.simulate(
+            row.tables, row.placement, row.chunks, stage_costs, weight_memory=args.weight_memory,
+            overlap=args.overlap)))
     return rows
 
 
@@ -290,12 +308,16 @@ def main():
     if not 0 < args.weight_memory <= 1:
         harness.fail(f"--weight-memory is {args.weight_memory:g}: pass the share of a micro-batch's activations that "
                      "its B leaves held until its W, above 0 and at most 1.")
+    if not 0 < args.overlap <= 1:
+        harness.fail(f"--overlap is {args.overlap:g}: an F&B step lasts a share of its two parts one after the other, "
+                     "above 0 and at most 1 (no overlap).")
     memory = args.stages if args.memory is None else args.memory
     placements = (args.placement,) if args.placement else ("loop", "v")
     rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory, placements,
-                args.weight_memory, args.objective)
+                args.weight_memory, args.objective, args.overlap)
     if args.layers is not None:
         rows = [split_row for row in rows for split_row in partitioned(row, args)]
+    check_overlap(rows, args, cost)
     searched = rows[-1]  # with --layers, at its balanced split
     if args.save:
         with open(args.save, "w") as file:
@@ -308,7 +330,7 @@ def main():
         for row in rows:
             fields = {"error": row.error} if row.error else {
                 "step": row.simulation.step, "bubble": row.simulation.bubble,
-                "bubble_window": row.simulation.bubble_window,
+                "bubble_window": row.simulation.bubble_window, "window_idle": row.simulation.window_idle,
                 "peak_inflight": row.simulation.peak_inflight, "messages": row.simulation.messages,
                 "over_memory": over_memory(row.simulation, args.memory)}
             if row.partition is not None:
