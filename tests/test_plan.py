@@ -14,7 +14,7 @@ import pytest
 
 import schedules
 import theory
-from tools import costs, search
+from tools import costs, paper, search
 from tools.plan import Row, counted, partitioned, to_csv
 from tools.plan import plan as plan_rows
 
@@ -344,28 +344,8 @@ def test_bad_input_is_one_sentence_and_a_failure(flags, tmp_path):
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: "), result.stderr
 
 
-# The zero-bubble paper's settings and bubble rates (Qi et al., ICLR 2024: Tables 9 and 5, as its repository's
-# megatron/core/pipeline_parallel/efficiency.py prints them): p stages, m micro-batches, T_F, T_B, T_W and T_comm
-# in microseconds, the model's h and a (s = 1024), then the rates of 1F1B, ZB-H1, ZB-H2, ZB-1p and ZB-2p.
-PAPER = [
-    (8, 24, 18522, 18086, 9337, 601, 2304, 24, 0.2431, 0.1585, 0.1083, 0.1585, 0.0433),
-    (8, 32, 18513, 18086, 9331, 626, 2304, 24, 0.1985, 0.1242, 0.0837, 0.1242, 0.0039),
-    (8, 64, 18546, 18097, 9321, 762, 2304, 24, 0.1240, 0.0674, 0.0444, 0.0674, 0.0026),
-    (8, 24, 29718, 29444, 19927, 527, 4096, 32, 0.2347, 0.1323, 0.0698, 0.1323, 0.0029),
-    (8, 32, 29802, 29428, 19530, 577, 4096, 32, 0.1898, 0.1045, 0.0559, 0.1045, 0.0022),
-    (8, 64, 29935, 29621, 19388, 535, 4096, 32, 0.1091, 0.0554, 0.0294, 0.0554, 0.0010),
-    (16, 48, 11347, 11248, 8132, 377, 5120, 40, 0.2552, 0.1397, 0.0672, 0.1397, 0.0066),
-    (16, 64, 11307, 11254, 8101, 379, 5120, 40, 0.2082, 0.1088, 0.0516, 0.1088, 0.0054),
-    (16, 128, 11325, 11308, 8109, 378, 5120, 40, 0.1251, 0.0576, 0.0266, 0.0576, 0.0028),
-    (32, 96, 10419, 10207, 7715, 408, 6144, 48, 0.2646, 0.1421, 0.0641, 0.1421, 0.0038),
-    (32, 128, 10408, 10204, 7703, 408, 6144, 48, 0.2168, 0.1106, 0.0490, 0.1106, 0.0029),
-    (32, 256, 10402, 10248, 7698, 460, 6144, 48, 0.1352, 0.0594, 0.0257, 0.0594, 0.0018),
-]
-
-
-def paper_weight_memory(h, a, s=1024):
-    """The paper's M_W / M_B for a transformer layer: 32h / (34h + 5as)."""
-    return 32 * h / (34 * h + 5 * a * s)
+PAPER = paper.ROWS  # the zero-bubble paper's settings and rates (tools/paper.py)
+paper_weight_memory = paper.weight_memory
 
 
 @pytest.mark.parametrize("row", PAPER, ids=[f"p{row[0]}-m{row[1]}-h{row[6]}" for row in PAPER])

@@ -22,6 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root: the scripts, README.md
 sys.path.insert(0, ROOT)  # the lesson's modules, and tools as a package
 import schedules  # noqa: E402
+from tools import paper  # noqa: E402
 from tools.held import held_count, held_theory  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -112,6 +113,7 @@ def gradient_hop(trace, sender, receiver):
 
 out = []  # the sections of measured.md, in order
 readme_blocks = {}  # the README's tables, by the name between their markers
+design_blocks = {}  # docs/design.md's, the same way
 
 # (1) Paced: every computation padded to the pace, four ranks, the pictures drawn by --svg.
 rows, paced = [], {}
@@ -245,6 +247,78 @@ messages, m = 4n, sorted by step: the step in those units, the busiest rank's bu
 readme_blocks["plan"] = "\n".join(
     ["| m = 4n, F : B : W = 1 : 2 : 1 | n = 8: bubble | peak | n = 32: bubble | peak | n = 64: bubble | peak |",
      "|---|---|---|---|---|---|---|"] + [f"| `{name}` | {' | '.join(cells)} |" for name, cells in by_schedule.items()])
+
+# (2e) The planner against the published tables, pure replay: the zero-bubble paper's 12 settings (tools/paper.py),
+# the search on the loop at its costs and memories p and 2p, judged by its measure; DualPipe's formula beside
+# plan.py's replay of DualPipeV, at equal and uneven costs, with and without an overlap.
+def planned_rows(*flags):
+    """tools/plan.py --json's rows for these flags, by schedule, and the seconds it took; the command is shown."""
+    command = [sys.executable, "tools/plan.py", *map(str, flags), "--json"]
+    commands.extend([" ".join(["python", *command[1:]])] * (len(commands) < 2))  # the first two stand for the rest
+    begin = time.time()
+    lines = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    return {row["schedule"]: row for row in map(json.loads, lines)}, time.time() - begin
+
+
+paper_rows, below = [], 0  # below: rows where the search at 2p is under the paper's ZB-2p
+for row in paper.ROWS:
+    found, seconds = {}, 0.0
+    for times in (1, 2):
+        found[times], took = planned_rows(
+            "--stages", row.p, "--micro-batches", row.m, "--costs", f"{row.forward},{row.backward},{row.weight},"
+            f"{row.message}", "--memory", times * row.p, "--weight-memory", repr(paper.weight_memory(row.h, row.a)),
+            "--placement", "loop", "--virtual-stages", 1, "--objective", "window")
+        seconds = max(seconds, took)
+    rates = {times: round(found[times]["search"]["bubble_window"], 4) for times in (1, 2)}
+    below += rates[2] < row.zb_2p
+    paper_rows.append([row.p, row.m, row.h, f"{row.one_f_one_b:.4f}", f"{found[1]['1f1b']['bubble_window']:.4f}",
+                       f"{row.zb_h1:.4f}", f"{found[1]['zb-h1']['bubble_window']:.4f}", f"{row.zb_1p:.4f}",
+                       f"{rates[1]:.4f}", f"{row.zb_2p:.4f}", f"{rates[2]:.4f}", f"{seconds:.1f}"])
+paper_table = table(["p", "m", "h", "1F1B: paper", "replay", "ZB-H1: paper", "replay", "ZB-1p: paper", "search, p",
+                     "ZB-2p: paper", "search, 2p", "plan.py (s)"], paper_rows)
+paper_line = (f"At memory 2p the search is below the paper's ZB-2p on {below} of the {len(paper.ROWS)} rows and "
+              f"equal to it, to 4 decimals, on the rest.")
+readme_blocks["paper"] = "\n".join(
+    ["| p, m, h | ZB-1p (paper) | search, memory p | ZB-2p (paper) | search, memory 2p |", "|---|---|---|---|---|"]
+    + [f"| {p}, {m}, {h} | {cells[5]} | {cells[6]} | {cells[7]} | {cells[8]} |" for p, m, h, *cells in paper_rows]
+    + ["", paper_line])
+out.append(f"""## The planner against the zero-bubble paper
+
+The paper's Table 9 settings (p stages, m micro-batches, its measured T_F, T_B, T_W, T_comm in microseconds, the
+model's h; `tools/paper.py`) replayed by tools/plan.py on the loop at one chunk a rank, each rate its bubble rate
+(`bubble_window`: 1 - a rank's work over the longest rank's window), beside the paper's Table 5: 1F1B's and ZB-H1's
+fixed tables, then the search at memory p and 2p micro-batches of M_B, a B leaving M_W / M_B = 32h / (34h + 5as)
+(s = 1024) for its W, judged by the window (`--objective window`). {paper_line} The last column is plan.py's
+longer run of the two.
+
+{ran()}
+
+{paper_table}""")
+
+dualpipe_rows = []
+for forward, backward, weight in ((1, 1, 1), (1, 2, 1), (1, 1, 2)):
+    for overlap in (1, 0.75):
+        for stages in (2, 4, 8):
+            found, _ = planned_rows("--stages", stages, "--micro-batches", 4 * stages, "--costs",
+                                    f"{2 * forward},{2 * backward},{2 * weight}", "--placement", "v",
+                                    "--overlap", overlap)
+            formula = (stages - 1) * (overlap * (forward + backward + weight) + backward + weight - 3 * weight)
+            idle = found["dualpipev"]["window_idle"]
+            dualpipe_rows.append([f"{forward} : {backward} : {weight}", f"{overlap:g}", stages, 4 * stages,
+                                  f"{idle:g}", f"{formula:g}", f"{formula - idle:+g}"])
+dualpipe_table = table(["a chunk's F : I : W", "overlap", "n", "m", "replay's idle", "DeepSeek's formula",
+                        "formula - replay"], dualpipe_rows)
+design_blocks["dualpipe"] = dualpipe_table
+out.append(f"""## DualPipeV: DeepSeek's formula beside the replay
+
+DeepSeek-V3's Table 2 gives DualPipe's bubble as (PP/2 - 1)(F&B + B - 3W), F a forward chunk, B a full backward
+chunk (I + W), W its weight part and F&B an F and a B overlapped, here `--overlap` of the two; DualPipeV is DualPipe
+on PP = 2n stages folded onto n ranks. Beside it, plan.py's `window_idle` of its `dualpipev` row: the most any rank
+idles within its own window. A chunk is half a stage: `--costs` is twice a chunk's.
+
+{ran()}
+
+{dualpipe_table}""")
 
 # (3) Speed: two ranks, the default size, the scripts and PyTorch's own schedules in turn, round by round.
 SPEED_RUNS = [("03 1F1B", "03_1f1b.py", ""), ("04 interleaved, v = 2", "04_interleaved_1f1b.py", "--virtual-stages 2"),
@@ -460,12 +534,13 @@ readme_blocks["recompute"] = "\n".join(
     ["| 4 ranks, m = 8, 16 layers: held, ranks 0-3 | without | with `--recompute` |", "|---|---|---|"]
     + [f"| {name} | {held['off']} | {held['on']} |" for name, held in readme_held.items()]
     + ["", f"03's step with `--recompute` costs {readme_ratio}." if args.recompute_rounds else ""])
-if not args.quick:  # the README's tables, each between its two markers
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    for name, block in readme_blocks.items():
-        begin, end = f"<!-- from measure.py: {name} -->\n", f"<!-- end of measure.py's {name} -->"
-        readme = readme[:readme.index(begin) + len(begin)] + block + "\n" + readme[readme.index(end):]
-    with open(os.path.join(args.out, "README.md"), "w") as file:
-        file.write(readme)
+if not args.quick:  # the README's and docs/design.md's tables, each between its two markers
+    for path, blocks in (("README.md", readme_blocks), (os.path.join("docs", "design.md"), design_blocks)):
+        text = open(os.path.join(ROOT, path)).read()
+        for name, block in blocks.items():
+            begin, end = f"<!-- from measure.py: {name} -->\n", f"<!-- end of measure.py's {name} -->"
+            text = text[:text.index(begin) + len(begin)] + block + "\n" + text[text.index(end):]
+        with open(os.path.join(args.out, path), "w") as file:
+            file.write(text)
 print(f"wrote {os.path.join(args.out, 'docs', 'measured.md')} and {os.path.join(args.out, 'docs', 'img')} "
       f"in {minutes:.1f} min")

@@ -3,8 +3,9 @@ I (a split backward's input gradient; the paper's and --costs' B) and W and a me
 never slower than a table of schedules.py that fits that memory. tools/plan.py prints it and saves it as a CSV
 that 09 runs.
 
-search        the table for one placement: a greedy order (_greedy), then passes that shorten it (_reschedule)
-best_search   search on each placement (the loop at one chunk a rank and at more, the V): the fastest
+search        the table for one placement: a greedy order (_greedy), passes that shorten it (_reschedule), the
+              paper's heuristic (_warmed_up) and the tables that fit as other starts, the best by the objective
+best_search   search on each placement (the loop at one chunk a rank and at more, the V): the best
 
 A computation is (kind, stage, micro_batch) here, a chunk being a stage: one rank may hold several.
 """
@@ -413,11 +414,12 @@ def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, nu
     "v" (two), at a stage's costs {"forward": F, "backward": B, "weight": W} (a chunk's: a 1/num_chunks share) and a
     tensor's `message` time between ranks. memory: the most activations a rank may hold, in micro-batches of a stage
     (a chunk's: a 1/num_chunks share), as tools/plan.py counts them, a B leaving weight_memory of its micro-batch's
-    held for its W (the zero-bubble paper's M_W / M_B; 1, all of it, unless given). A greedy gives the first order
-    (_greedy), a pass backwards and one forwards (_reschedule) may shorten it; then, if it is faster, the fastest
-    table of schedules.py of the placement and chunks that fits the memory is a start too, rescheduled the same way. The
-    fastest order met is kept: never slower than a table that fits. Any that takes costs.least_step ends the
-    search, since no order is faster. Below memory 1 no schedule runs: a rank holds a micro-batch from F to W."""
+    held for its W (the zero-bubble paper's M_W / M_B; 1, all of it, unless given). The starts (_search_placement):
+    a greedy (_greedy) and the passes backwards and forwards from it (_reschedule); on the loop at one chunk a rank,
+    the zero-bubble paper's heuristic (_warmed_up); the fastest table of schedules.py that fits the memory. The best
+    order met by the objective is kept ("step": the step, then the longest window; "window": the reverse, the
+    paper's measure): never worse than a table that fits. Below memory 1 no schedule runs: a rank holds a
+    micro-batch from F to W."""
     if num_chunks is None:
         num_chunks = 2 if placement == "v" else 1
     limit = _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory)
