@@ -280,7 +280,7 @@ paper_line = (f"At memory 2p the search is below the paper's ZB-2p on {below} of
               f"equal to it, to 4 decimals, on the rest.")
 readme_blocks["paper"] = "\n".join(
     ["| p, m, h | ZB-1p (paper) | search, memory p | ZB-2p (paper) | search, memory 2p |", "|---|---|---|---|---|"]
-    + [f"| {p}, {m}, {h} | {cells[5]} | {cells[6]} | {cells[7]} | {cells[8]} |" for p, m, h, *cells in paper_rows]
+    + [f"| {p}, {m}, {h} | {cells[4]} | {cells[5]} | {cells[6]} | {cells[7]} |" for p, m, h, *cells in paper_rows]
     + ["", paper_line])
 out.append(f"""## The planner against the zero-bubble paper
 
