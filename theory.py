@@ -98,8 +98,7 @@ def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0, overlap=1
                 if None in inputs:
                     break  # an input is not made yet: another rank first
                 start = max([clock[rank], *inputs])
-                end = start + (overlap if len(step) == 2 else 1) * sum(costs[stage_of(rank, chunk)][kind]
-                                                                       for kind, chunk, _ in step)
+                end = start + _lasts(step, rank, stage_of, costs, overlap)
                 for kind, chunk, micro_batch in step:
                     stage = stage_of(rank, chunk)
                     spans[kind, stage, micro_batch] = start, end  # its result is out at the step's end
@@ -124,8 +123,8 @@ def computing(tables, stage_of, num_stages, cost=UNIT_COSTS, overlap=1.0):
     """Each rank's time computing, its table at cost[kind] (or cost[stage][kind]) a computation, an F&B step
     (a forward and the overlapped backward after it) at `overlap` of its two parts."""
     costs = _per_stage(cost, num_stages)
-    return [sum((overlap if len(step) == 2 else 1) * sum(costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in step)
-                for step in steps(table)) for rank, table in enumerate(tables)]
+    return [sum(_lasts(step, rank, stage_of, costs, overlap) for step in steps(table))
+            for rank, table in enumerate(tables)]
 
 
 def least_overlap(tables, stage_of, num_stages, cost=UNIT_COSTS):
@@ -139,6 +138,13 @@ def least_overlap(tables, stage_of, num_stages, cost=UNIT_COSTS):
             if len(parts) == 2:
                 least = max(least, max(parts) / sum(parts))
     return least
+
+
+def _lasts(step, rank, stage_of, costs, overlap):
+    """How long a step of this rank lasts at each stage's costs: its computation's cost, or `overlap` of an F&B
+    step's two parts."""
+    parts = [costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in step]
+    return (overlap if len(parts) == 2 else 1) * sum(parts)
 
 
 def _step(table, position):

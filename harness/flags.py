@@ -154,25 +154,26 @@ def _check_schedule(args, schedules):
     except ValueError as error:
         fail(f"--schedule {args.schedule} on {num_ranks} rank{'s' * (num_ranks > 1)}: {error}")
     args.placement, args.virtual_stages = found.placement, found.num_chunks
-    _check_overlap(args, found)
-
-
-def _check_overlap(args, found):
-    """09: --overlap above 0, at most 1, and no less than the table's F&B steps allow at --pace's spans of stages
-    of equal cost (theory.least_overlap: a forward one span, a full backward two), where each part is paced at that
-    share of its span."""
-    if not 0 < args.overlap <= 1:
-        fail(f"--overlap is {args.overlap:g}: an F&B step lasts a share of its two parts one after the other, above 0 "
-             "and at most 1 (no overlap).")
     num_ranks = len(found.tables)
 
     def stage_of(rank, chunk):
         return theory.stage(found.placement, num_ranks, rank, chunk)
 
+    # each part of an F&B step is paced at --overlap of its span: at stages of equal cost, a forward one, a full
+    # backward two
     least = theory.least_overlap(found.tables, stage_of, num_ranks * found.num_chunks, theory.UNIT_COSTS)
-    if args.overlap < least - 1e-12:
-        fail(f"--overlap {args.overlap:g} is below {least:.4g}, the least of this table's F&B steps at --pace's spans: "
-             "a step lasts its longer part at least, the other hidden in it; pass that or more (1: no overlap).")
+    check_overlap(args.overlap, least, "this table's F&B steps at --pace's spans")
+
+
+def check_overlap(overlap, least=0.0, steps="its F&B steps"):
+    """--overlap above 0, at most 1 (no overlap), and no less than `least` (theory.least_overlap of `steps`), or
+    one sentence (09, tools/plan.py)."""
+    if not 0 < overlap <= 1:
+        fail(f"--overlap is {overlap:g}: an F&B step lasts a share of its two parts one after the other, above 0 and "
+             "at most 1 (no overlap).")
+    if overlap < least - 1e-12:
+        fail(f"--overlap {overlap:g} is below {least:.4g}, the least of {steps}: a step lasts its longer part at "
+             "least, the other hidden in it; pass that or more (1: no overlap).")
 
 
 def _check_partition(args, num_stages):

@@ -345,7 +345,6 @@ def test_bad_input_is_one_sentence_and_a_failure(flags, tmp_path):
 
 
 PAPER = paper.ROWS  # the zero-bubble paper's settings and rates (tools/paper.py)
-paper_weight_memory = paper.weight_memory
 
 
 @pytest.mark.parametrize("row", PAPER, ids=[f"p{row[0]}-m{row[1]}-h{row[6]}" for row in PAPER])
@@ -370,12 +369,12 @@ def test_the_search_is_no_worse_than_the_papers_zb_1p_and_zb_2p(row, times):
     on every row, its peak within the memory, and it answers in under 60 s (at 32 stages and 256 micro-batches
     too)."""
     p, m, forward, backward, weight, message, h, a = row[:8]
-    cost, share = costs.stage_costs(forward, backward, weight), paper_weight_memory(h, a)
+    cost, share = costs.stage_costs(forward, backward, weight), paper.weight_memory(h, a)
     start = time.perf_counter()
     tables = search.search(p, m, "loop", cost, times * p, message, weight_memory=share, objective="window")
     assert time.perf_counter() - start < 60
     found = costs.simulate(tables, "loop", 1, cost, message, share)
-    assert round(found.bubble_window, 4) <= row[10 + times]
+    assert round(found.bubble_window, 4) <= (row.zb_1p, row.zb_2p)[times - 1]
     assert max(found.peak_inflight) <= times * p + 1e-9
 
 
@@ -384,7 +383,7 @@ def test_the_objective_orders_step_and_window():
     at the paper's first row (p 8, m 24, 2p), where the two differ."""
     p, m, forward, backward, weight, message, h, a = PAPER[0][:8]
     flags = ["--stages", str(p), "--micro-batches", str(m), "--costs", f"{forward},{backward},{weight},{message}",
-             "--memory", str(2 * p), "--weight-memory", str(paper_weight_memory(h, a)), "--virtual-stages", "1",
+             "--memory", str(2 * p), "--weight-memory", str(paper.weight_memory(h, a)), "--virtual-stages", "1",
              "--placement", "loop"]
     by_step, by_window = rows(*flags)["search"], rows(*flags, "--objective", "window")["search"]
     assert by_step["step"] < by_window["step"] and by_window["bubble_window"] < by_step["bubble_window"]
@@ -402,7 +401,7 @@ def test_weight_memory_lets_a_b_free_what_its_w_does_not_need():
     assert shared_peaks[0] == n and all(peak < n for peak in shared_peaks[1:]), shared_peaks
     assert theory.peak_inflight(schedules.one_f_one_b(n, m), 0.25) == theory.peak_inflight(schedules.one_f_one_b(n, m))
     p, m, forward, backward, weight, message, h, a = PAPER[0][:8]  # the search at the paper's first row's costs
-    cost, share = costs.stage_costs(forward, backward, weight), paper_weight_memory(h, a)
+    cost, share = costs.stage_costs(forward, backward, weight), paper.weight_memory(h, a)
     whole = costs.simulate(search.search(p, m, "loop", cost, 10, message), "loop", 1, cost, message)
     shared = costs.simulate(search.search(p, m, "loop", cost, 10, message, weight_memory=share), "loop", 1, cost,
                             message, share)

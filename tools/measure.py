@@ -254,7 +254,8 @@ readme_blocks["plan"] = "\n".join(
 def planned_rows(*flags):
     """tools/plan.py --json's rows for these flags, by schedule, and the seconds it took; the command is shown."""
     command = [sys.executable, "tools/plan.py", *map(str, flags), "--json"]
-    commands.extend([" ".join(["python", *command[1:]])] * (len(commands) < 2))  # the first two stand for the rest
+    if len(commands) < 2:  # a section's first two commands stand for the rest, which differ in their settings
+        commands.append(" ".join(["python", *command[1:]]))
     begin = time.time()
     lines = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
     return {row["schedule"]: row for row in map(json.loads, lines)}, time.time() - begin
@@ -289,7 +290,7 @@ model's h; `tools/paper.py`) replayed by tools/plan.py on the loop at one chunk 
 (`bubble_window`: 1 - a rank's work over the longest rank's window), beside the paper's Table 5: 1F1B's and ZB-H1's
 fixed tables, then the search at memory p and 2p micro-batches of M_B, a B leaving M_W / M_B = 32h / (34h + 5as)
 (s = 1024) for its W, judged by the window (`--objective window`). {paper_line} The last column is plan.py's
-longer run of the two.
+longer run of the two. The commands are the first row's; the others differ in their settings.
 
 {ran()}
 
@@ -314,7 +315,8 @@ out.append(f"""## DualPipeV: DeepSeek's formula beside the replay
 DeepSeek-V3's Table 2 gives DualPipe's bubble as (PP/2 - 1)(F&B + B - 3W), F a forward chunk, B a full backward
 chunk (I + W), W its weight part and F&B an F and a B overlapped, here `--overlap` of the two; DualPipeV is DualPipe
 on PP = 2n stages folded onto n ranks. Beside it, plan.py's `window_idle` of its `dualpipev` row: the most any rank
-idles within its own window. A chunk is half a stage: `--costs` is twice a chunk's.
+idles within its own window. A chunk is half a stage: `--costs` is twice a chunk's. The commands are the first two
+of the table's; the others differ in their costs and overlap.
 
 {ran()}
 

@@ -145,10 +145,7 @@ def check_overlap(rows, args, cost):
 
         stage_costs = cost if row.partition is None else args.costs_of(row.partition)
         least = theory.least_overlap(row.tables, stage_of, num_ranks * row.chunks, stage_costs)
-        if args.overlap < least - 1e-12:
-            harness.fail(f"--overlap {args.overlap:g} is below {least:.4g}, the least of {row.schedule}'s F&B steps at "
-                         "these costs: a step lasts its longer part at least, the other hidden in it; pass that or "
-                         "more (1: no overlap).")
+        harness.flags.check_overlap(args.overlap, least, f"{row.schedule}'s F&B steps at these costs")
 
 
 def split(args, num_stages):
@@ -308,9 +305,7 @@ def main():
     if not 0 < args.weight_memory <= 1:
         harness.fail(f"--weight-memory is {args.weight_memory:g}: pass the share of a micro-batch's activations that "
                      "its B leaves held until its W, above 0 and at most 1.")
-    if not 0 < args.overlap <= 1:
-        harness.fail(f"--overlap is {args.overlap:g}: an F&B step lasts a share of its two parts one after the other, "
-                     "above 0 and at most 1 (no overlap).")
+    harness.flags.check_overlap(args.overlap)
     memory = args.stages if args.memory is None else args.memory
     placements = (args.placement,) if args.placement else ("loop", "v")
     rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory, placements,

@@ -218,9 +218,10 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
         micro_batch = count[rank][kind]
         if kind == "forward":
             return ends["forward", rank - 1, micro_batch] + message if rank else 0.0
-        if kind == "backward":
-            return ends["backward", rank + 1, micro_batch] + message if rank < last else ends[
-                "forward", rank, micro_batch]
+        if kind == "backward" and rank < last:
+            return ends["backward", rank + 1, micro_batch] + message
+        if kind == "backward":  # the last rank's: its own forward's
+            return ends["forward", rank, micro_batch]
         return ends["backward", rank, micro_batch]
 
     def put(rank, kind):
@@ -276,8 +277,8 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
                     returns = clock[rank + 1] + cost["forward"] + cost["backward"] + message
                     freeing = min(owed(rank), max(0, math.ceil((held[rank] + 1 - limit - 1e-9) / weight_memory)))
                     late = clock[rank] + cost["forward"] + freeing * cost["weight"] > returns
-                    wants[rank] = clock[rank] < returns and not (late and returns - clock[rank] <= max(idle) - idle[
-                        rank])
+                    allowed = returns - clock[rank] <= max(idle) - idle[rank]  # waiting instead is within the longest
+                    wants[rank] = clock[rank] < returns and not (late and allowed)
             for rank in range(last - 1, -1, -1):  # a rank runs an F only if the next one does
                 wants[rank] = wants[rank] and wants[rank + 1]
             for rank in range(num_ranks):
