@@ -251,7 +251,8 @@ def peak_inflight(tables, weight_memory=1):
     """Each rank's most (chunk, micro_batch) pairs alive at once, counted over its table: +1 at a forward,
     -1 at its full backward, or at its W where the table splits the backward (at its B if no W follows).
     weight_memory: the share of a pair that its B leaves held until its W (the zero-bubble paper's M_W / M_B; 1,
-    the whole pair, unless given): a B lets go of the rest."""
+    the whole pair, unless given): a B lets go of the rest. Above 1 (this MLP's: tools/held.py, weight_share) a
+    B adds to what its F held, and a full backward, its B then its W as 09 runs it, holds that much a moment."""
     peaks = []
     for table in tables:
         weights = {(chunk, micro_batch) for kind, chunk, micro_batch in table if kind == "weight"}
@@ -263,7 +264,8 @@ def peak_inflight(tables, weight_memory=1):
                 alive -= weight_memory
             elif kind == "backward" and (chunk, micro_batch) in weights:  # its W keeps weight_memory of it
                 alive -= 1 - weight_memory
-            else:  # its last backward computation
+            else:  # its last backward computation: a moment at its B's count, then nothing held
+                peak = max(peak, alive + max(0, weight_memory - 1))
                 alive -= 1
             peak = max(peak, alive)
         peaks.append(peak)

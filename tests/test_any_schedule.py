@@ -31,7 +31,8 @@ from tests.launch import (
 from theory import UNIT_COSTS, computing, counted_costs, paced_spans, peak_inflight, stage
 from tools import search
 from tools.costs import parse_costs
-from tools.held import held_count
+from tools.held import held_count, weight_share
+from tools.plan import default_weight_memory, to_csv
 
 SCRIPT = "09_any_schedule.py"
 NAMES = list(schedules.SCHEDULES)
@@ -120,6 +121,42 @@ def test_held_bytes_are_the_tables_count(runs, name):
     assert [held / (rows * hidden * 8) for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
 
 
+def holding(micro_batches, weights_at_once):
+    """Two ranks' tables that run their F's first: then rank 1 each B and its W, and rank 0 the same
+    (weights_at_once), so that its peak holds its micro-batches as their F's leave them, or all its B's and then
+    its W's, so that its peak holds them as their B's do."""
+    forwards = [("forward", 0, i) for i in range(micro_batches)]
+    at_once = [step for i in range(micro_batches) for step in (("backward", 0, i), ("weight", 0, i))]
+    later = [("backward", 0, i) for i in range(micro_batches)] + [("weight", 0, i) for i in range(micro_batches)]
+    return [forwards + (at_once if weights_at_once else later), forwards + at_once]
+
+
+@pytest.mark.parametrize("blocks", [3])
+def test_weight_memory_is_what_a_run_holds(runs, tmp_path_factory, blocks):
+    """This MLP's share of a micro-batch that its B leaves for its W (the zero-bubble paper's M_W / M_B), measured
+    in real runs of 09 on two ranks of `blocks` blocks: what rank 0's peak held bytes gain for each more micro-batch
+    held as F leaves it, and as B does (from 4 micro-batches to 8, of 2 rows each, the rest of the peak cancels), one
+    over the other. It is tools/held.py's weight_share, tools/plan.py's default --weight-memory for that model."""
+    folder, unit = tmp_path_factory.mktemp("holding"), 2 * 24 * 8  # 2 rows of 24 float64
+    size = ("--layers", str(2 * blocks), "--hidden", "24", "--steps", "2", "--threads", "1", "--dtype", "float64")
+    growth = {}
+    for weights_at_once in (True, False):
+        peaks = []
+        for m in (4, 8):
+            path = folder / f"holding-{m}-{weights_at_once}.csv"
+            path.write_text(to_csv(holding(m, weights_at_once), "loop"))
+            summary = runs(SCRIPT, 2, *size, "--batch-size", str(2 * m), "--micro-batches", str(m),
+                           "--schedule", str(path)).summary
+            peaks.append(summary["peak_held_bytes"][0] / unit)
+        growth[weights_at_once] = (peaks[1] - peaks[0]) / 4
+    assert growth[True] == pytest.approx(blocks + 1, abs=1e-9)  # an input and each block's output
+    share = growth[False] / growth[True]
+    assert share == pytest.approx(weight_share(blocks), abs=1e-9)
+    result = subprocess.run([sys.executable, "tools/plan.py", "--stages", "2", "--micro-batches", "4", "--layers",
+                             str(2 * blocks), "--json"], cwd=HERE, capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout.splitlines()[0])["weight_memory"] == pytest.approx(share, abs=1e-9)
+
+
 # two measured steps: what one late wake-up of a rank adds to the bubble is halved
 PACED = ("--layers", "8", "--hidden", "24", "--batch-size", "16", "--steps", "3", "--threads", "1",
          "--dtype", "float64")
@@ -192,16 +229,26 @@ def test_plan_is_what_runs(runs, again, saved):
     """tools/plan.py at n = 4, m = 8 and the paced model's counted costs (--layers 8 --hidden 24): for every schedule
     and the search, its row at the even split has its bubble within 0.03 of 09's paced one (pacing keeps the
     counted costs' proportions but for the loss's share, a hundredth), and its peak in flight (micro-batches of a
-    stage) 09's measured peak."""
+    stage, at this MLP's share, the default --weight-memory) its table's count at that share, whose count at whole
+    micro-batches is 09's measured peak."""
     result = subprocess.run([sys.executable, "tools/plan.py", "--stages", "4", "--micro-batches", "8", *MODEL,
                              "--json"], cwd=HERE, capture_output=True, text=True, check=True)
     planned = {row["schedule"]: row for row in map(json.loads, result.stdout.splitlines())
                if row["partition"] == [last - first for first, last in partition(8, 4 * row["chunks"])]}
     assert sorted(planned) == sorted([*NAMES, "search"])
     for name, row in planned.items():
-        summary = paced(runs, again, saved(4, 8, *MODEL) if name == "search" else name, row["bubble"])
+        table = saved(4, 8, *MODEL) if name == "search" else name
+        summary = paced(runs, again, table, row["bubble"])
         assert abs(row["bubble"] - summary["bubble_busiest"]) <= 0.03, (name, row["bubble"], summary["bubble_busiest"])
-        assert [peak * row["chunks"] for peak in row["peak_inflight"]] == summary["peak_inflight_microbatches"], name
+        if name == "search":
+            with open(table) as file:
+                tables = schedules.from_csv(file.read(), 8)[2]
+        else:
+            tables = schedules.table(name, 4, 8, row["chunks"])
+        assert row["weight_memory"] == default_weight_memory(8, 4)
+        assert [peak * row["chunks"] for peak in row["peak_inflight"]] == pytest.approx(
+            peak_inflight(tables, row["weight_memory"])), name
+        assert peak_inflight(tables) == summary["peak_inflight_microbatches"], name
 
 
 # (world size, micro-batches, layers, plan.py's flags, 09's): the search's tables, saved by tools/plan.py and run by
@@ -217,15 +264,17 @@ SEARCHES = [(2, 3, 7, (), ()), (3, 6, 7, ("--memory", "6"), SYNC), (4, 8, 9, ("-
 
 
 def searched(world, micro_batches, flags):
-    """tools/search.best_search for plan.py's --costs, --memory, --virtual-stages, --weight-memory and --objective:
-    (placement, chunks, tables)."""
+    """tools/search.best_search for plan.py's --costs, --memory, --virtual-stages, --weight-memory and --objective,
+    and their defaults: (placement, chunks, tables)."""
     def flag(name, default):
         return flags[flags.index(name) + 1] if name in flags else default
 
     cost, message = parse_costs(flag("--costs", "1,1,1"))
-    return search.best_search(max(world, 1), micro_batches, cost, float(flag("--memory", max(world, 1))), message,
-                              int(flag("--virtual-stages", 2)), weight_memory=float(flag("--weight-memory", 1)),
-                              objective=flag("--objective", "step"))
+    num_ranks = max(world, 1)
+    share = float(flag("--weight-memory", default_weight_memory(int(flag("--layers", 16)), num_ranks)))
+    memory = float(flag("--memory", num_ranks + max(0, share - 1)))  # 1F1B's
+    return search.best_search(num_ranks, micro_batches, cost, memory, message, int(flag("--virtual-stages", 2)),
+                              weight_memory=share, objective=flag("--objective", "step"))
 
 
 @pytest.mark.parametrize("world,micro_batches,layers,plan_flags,flags", SEARCHES,

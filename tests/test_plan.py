@@ -14,7 +14,7 @@ import pytest
 
 import schedules
 import theory
-from tools import costs, paper, search
+from tools import costs, held, paper, search
 from tools.plan import Row, counted, partitioned, to_csv
 from tools.plan import plan as plan_rows
 
@@ -97,12 +97,17 @@ def test_bubble_window_is_the_papers_rate(n, m):
 
 
 def test_json_rows_name_every_schedule_and_carry_its_numbers():
+    """Every row's fields; 1F1B's peaks at this MLP's share (the default --weight-memory, 16 layers over 4 stages),
+    a moment in each full backward at what its B adds (09 runs it as its B, then its W)."""
     found = rows("--stages", "4", "--micro-batches", "8", "--costs", "1,2,1,0.5", "--memory", "4")
     assert set(found) == {*schedules.SCHEDULES, "search"}  # the names --schedule takes, and the search's
+    share = held.weight_share(16 / 4)
     for row in found.values():
-        assert row.keys() >= {"schedule", "step", "bubble", "bubble_window", "peak_inflight", "messages"}
+        assert row.keys() >= {"schedule", "step", "bubble", "bubble_window", "peak_inflight", "weight_memory",
+                              "messages"}
         assert len(row["peak_inflight"]) == len(row["messages"]) == 4
-    assert found["1f1b"]["peak_inflight"] == [4, 3, 2, 1]
+        assert row["weight_memory"] == share
+    assert found["1f1b"]["peak_inflight"] == pytest.approx([4 + share - 1, 3 + share - 1, 2 + share - 1, share])
     assert found["1f1b"]["messages"] == [8, 16, 16, 8]  # m forwards out of rank 0; m each way in the middle
     assert found["gpipe"]["over_memory"] and not found["search"]["over_memory"]
 
@@ -181,11 +186,14 @@ def test_the_least_step_is_reached_where_memory_binds():
     ("--stages", "3", "--micro-batches", "12", "--costs", "1,1,2,0.3", "--memory", "3"),
     ("--stages", "5", "--micro-batches", "9", "--costs", "2,3,1", "--memory", "7")])
 def test_plans_search_row_is_no_slower_than_any_row_within_memory(flags):
+    """Within --memory, or without it 1F1B's (n, and what a B adds at this MLP's share), the search's row is within
+    and no slower than any row that is."""
     found = rows(*flags)
-    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else int(flags[1])
-    assert max(found["search"]["peak_inflight"]) <= memory
+    share = found["search"]["weight_memory"]
+    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else int(flags[1]) + max(0, share - 1)
+    assert max(found["search"]["peak_inflight"]) <= memory + 1e-9
     for name, row in found.items():
-        if "step" in row and max(row["peak_inflight"]) <= memory:
+        if "step" in row and max(row["peak_inflight"]) <= memory + 1e-9:
             assert found["search"]["step"] <= row["step"] + 1e-9, name
 
 
@@ -274,10 +282,11 @@ def test_save_writes_the_search_table_and_svg_draws_it(tmp_path, flags):
     assert result.returncode == 0, result.stderr
     found = rows(*flags)["search"]
     n, m = int(flags[1]), int(flags[3])
-    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else n
+    share = found["weight_memory"]  # this MLP's, and 1F1B's memory at it, unless given
+    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else n + max(0, share - 1)
     looped = int(flags[flags.index("--virtual-stages") + 1]) if "--virtual-stages" in flags else 2
     cost, message = costs.parse_costs(flags[flags.index("--costs") + 1] if "--costs" in flags else "1,1,1")
-    placement, chunks, tables = search.best_search(n, m, cost, memory, message, looped)
+    placement, chunks, tables = search.best_search(n, m, cost, memory, message, looped, weight_memory=share)
     saved = (tmp_path / "plan.csv").read_text()
     assert saved == to_csv(tables, placement)
     assert schedules.from_csv(saved, m) == (placement, chunks, tables) == (found["placement"], found["chunks"], tables)
@@ -329,7 +338,7 @@ def test_placement_keeps_the_plan_and_its_search_to_one(placement):
     ["--memory", "0.5"], ["--costs", "1,x,1"], ["--costs", "1,2"], ["--costs", "1,0,1"], ["--costs", "1,1,1,-1"],
     ["--costs-from", "TRACE_WITHOUT_SPANS"], ["--costs-from", "NO_SUCH_FILE"], ["--costs-from", "NOT_JSON"],
     ["--stages", "0"], ["--stages", "four"], ["--placement", "ring"], ["--layers", "8", "--partition", "4,x"],
-    ["--layers", "0"], ["--weight-memory", "0"], ["--weight-memory", "1.5"], ["--overlap", "0"], ["--overlap", "1.5"],
+    ["--layers", "0"], ["--weight-memory", "0"], ["--weight-memory", "-1"], ["--overlap", "0"], ["--overlap", "1.5"],
     ["--overlap", "0.6"], ["--objective", "bubble"]])
 def test_bad_input_is_one_sentence_and_a_failure(flags, tmp_path):
     write_trace(tmp_path / "empty.json", [{"name": "wait", "cat": "wait", "ph": "X", "ts": 0, "dur": 5}])
@@ -388,6 +397,29 @@ def test_the_objective_orders_step_and_window():
     by_step, by_window = rows(*flags)["search"], rows(*flags, "--objective", "window")["search"]
     assert by_step["step"] < by_window["step"] and by_window["bubble_window"] < by_step["bubble_window"]
     assert round(by_window["bubble_window"], 4) <= PAPER[0][12] < round(by_step["bubble_window"], 4)
+
+
+@pytest.mark.parametrize("n,m", [(2, 5), (4, 8), (5, 7)])
+def test_weight_memory_above_one_adds_what_a_b_holds_for_its_w(n, m):
+    """theory.peak_inflight at a share above 1 (this MLP's, tools/held.py's weight_share): a B adds what W needs to
+    what its F held, so that a full backward, its B then its W as 09 runs it, counts as the two at once; 1F1B's
+    ranks hold theirs and a moment of that more; and the search, within 1F1B's memory so counted, never slower."""
+    share = held.weight_share(3)
+    for name, chunks in (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2), ("dualpipev", 2)):
+        tables = schedules.table(name, n, m, chunks)
+        at_once = [schedules.split(order, 0) for order in tables]
+        assert theory.peak_inflight(tables, share) == pytest.approx(theory.peak_inflight(at_once, share)), name
+    assert theory.peak_inflight(schedules.one_f_one_b(n, m), share) == pytest.approx(
+        [min(n - rank, m) + share - 1 for rank in range(n)])
+    cost = costs.stage_costs(1, 2, 1)
+    for placement, num_chunks in PLACEMENTS:
+        for name, rival in rivals(placement, num_chunks, n, m, cost, 0.3).items():
+            rival_tables = schedules.table(name, n, m, num_chunks)
+            memory = max(theory.peak_inflight(rival_tables, share)) / num_chunks
+            tables = search.search(n, m, placement, cost, max(memory, 1), 0.3, num_chunks, weight_memory=share)
+            found = simulated(tables, placement, cost, 0.3, num_chunks)
+            assert max(theory.peak_inflight(tables, share)) <= max(memory, 1) * num_chunks + 1e-9, name
+            assert found.step <= rival.step + 1e-9, (name, placement, num_chunks)
 
 
 def test_weight_memory_lets_a_b_free_what_its_w_does_not_need():

@@ -4,6 +4,7 @@ runtime loop's own object lifetimes, so it is the lab's, not the lesson's.
 
 held_theory   02's, 03's and 05's closed forms
 held_count    the same counted over any table (06, 09)
+weight_share  what W still needs of what F held (the zero-bubble paper's M_W / M_B): tools/plan.py's default
 """
 
 import theory
@@ -44,6 +45,14 @@ def held_theory(script, n, m, blocks, rows, hidden, recompute=False, classes=10)
             peak = waiting + 2 * L * (rank + 1) + 1 + (1 if first else 2) + recompute
         peaks.append(peak)
     return peaks
+
+
+def weight_share(blocks):
+    """The share of a micro-batch's held activations that its B leaves for its W (the zero-bubble paper's M_W / M_B),
+    as held_count counts them on a stage of `blocks` = L blocks (the head's stage aside): from F to B its input and
+    its blocks' ReLU outputs, L + 1 units; from B to W each Linear's input and output gradient, 2L. Above 1 from
+    L = 2 on: in this MLP a B adds to what its F held (the ReLU's mask is all a B needs, and W keeps the rest)."""
+    return 2 * blocks / (blocks + 1)
 
 
 def held_count(tables, placement, blocks, rows, hidden, recompute=False, classes=10):

@@ -11,11 +11,12 @@ step: the pipeline's span, first start to last end, in cost units. bubble: the b
 script's bubble_theory. window: the zero-bubble paper's bubble rate, 1 - the busiest rank's work over the longest
 rank's window (its first computation's start to its last's end), which leaves out a rank's wait before its first F
 and after its last W. peak: activations alive at once, in micro-batches of a stage (a chunk of a rank holding v
-chunks is 1/v of a stage), on the rank that holds most and on rank 0. messages: the tensors a rank sends to another
-rank in a step, the most of any rank. search: tools/search.py on whichever placement is better by --objective (the
-step, or the window): the loop at one chunk a rank or at --virtual-stages, or the V. It is the row plan.py
-recommends (by its objective, never worse than a row that fits --memory): --save writes its table as PyTorch's
-compute_only CSV, which 09 and PyTorch's runtime run.
+chunks is 1/v of a stage), on the rank that holds most and on rank 0, a B leaving --weight-memory of its micro-batch
+held for its W (this MLP's share unless given: above 1, so that a B adds to what its F held). messages: the tensors
+a rank sends to another rank in a step, the most of any rank. search: tools/search.py on whichever placement is
+better by --objective (the step, or the window): the loop at one chunk a rank or at --virtual-stages, or the V. It
+is the row plan.py recommends (by its objective, never worse than a row that fits --memory): --save writes its
+table as PyTorch's compute_only CSV, which 09 and PyTorch's runtime run.
 With --layers, every stage costs what it holds (theory.counted_costs, in block forwards, or with --costs-from each
 stage's own measured F, I and W, fitted as a block's and the head's; the search is run at the mean stage's), and
 each row comes twice: at --partition's split (even unless given) and at its balanced split.
@@ -35,7 +36,7 @@ import harness  # noqa: E402
 import schedules  # noqa: E402
 import theory  # noqa: E402
 from harness.pictures import COLOURS  # noqa: E402
-from tools import costs, search  # noqa: E402
+from tools import costs, held, search  # noqa: E402
 
 KINDS = ("forward", "backward", "weight")
 
@@ -62,10 +63,12 @@ cost_flags.add_argument("--costs-from", metavar="TRACE",
                              "stage's own, fitted as a block's cost and the head's)")
 parser.add_argument("--memory", type=float, help="the most activations a rank may hold, in micro-batches of a stage "
                     "(a chunk of a rank holding v is 1/v): rows over it are marked and the search keeps within it "
-                    "(default: no mark, and the search holds at most n, as 1F1B)")
-parser.add_argument("--weight-memory", type=float, default=1.0, metavar="R",
-                    help="the share of a micro-batch's activations that its B leaves held until its W, 0 < R <= 1 "
-                         "(the zero-bubble paper's M_W / M_B): the peaks and the search count it (1: all of it)")
+                    "(default: no mark, and the search holds at most what 1F1B does, n and what a B adds)")
+parser.add_argument("--weight-memory", type=float, metavar="R",
+                    help="the share of a micro-batch's activations that its B leaves held until its W (the "
+                         "zero-bubble paper's M_W / M_B, R > 0; above 1, a B adds to what its F held): the peaks and "
+                         "the search count it (default: this MLP's, 2L / (L + 1) at L = --layers / --stages blocks a "
+                         "stage, 1 at least: tools/held.py's weight_share)")
 parser.add_argument("--objective", choices=("step", "window"), default="step",
                     help="what the search shortens first: the step (one step to its flush) or the window (the "
                          "zero-bubble paper's, as steps run back to back see it); the other breaks ties (step)")
@@ -282,6 +285,12 @@ def write_svg(path, row, cost):
         file.write("\n".join(parts + ["</svg>"]) + "\n")
 
 
+def default_weight_memory(layers, num_stages):
+    """--weight-memory's default: this MLP's own share (tools/held.py's weight_share) at the mean stage's blocks, one
+    at least (a stage holds a block)."""
+    return held.weight_share(max(1, layers / num_stages))
+
+
 def main():
     args = parser.parse_args()
     for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches),
@@ -302,11 +311,14 @@ def main():
         args.costs_of = fitted_costs(args.costs_from) if args.costs_from else counted(args)
         cost, message = model_costs(args), 0.0
     forward, backward, weight = (cost[kind] for kind in KINDS)
-    if not 0 < args.weight_memory <= 1:
+    if args.weight_memory is None:
+        layers = harness.flags.FLAGS["--layers"]["default"] if args.layers is None else args.layers
+        args.weight_memory = default_weight_memory(layers, args.stages)
+    if not 0 < args.weight_memory < math.inf:
         harness.fail(f"--weight-memory is {args.weight_memory:g}: pass the share of a micro-batch's activations that "
-                     "its B leaves held until its W, above 0 and at most 1.")
+                     "its B leaves held until its W, a number above 0.")
     harness.flags.check_overlap(args.overlap)
-    memory = args.stages if args.memory is None else args.memory
+    memory = args.stages + max(0, args.weight_memory - 1) if args.memory is None else args.memory
     placements = (args.placement,) if args.placement else ("loop", "v")
     rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory, placements,
                 args.weight_memory, args.objective, args.overlap)
@@ -326,7 +338,8 @@ def main():
             fields = {"error": row.error} if row.error else {
                 "step": row.simulation.step, "bubble": row.simulation.bubble,
                 "bubble_window": row.simulation.bubble_window, "window_idle": row.simulation.window_idle,
-                "peak_inflight": row.simulation.peak_inflight, "messages": row.simulation.messages,
+                "peak_inflight": row.simulation.peak_inflight, "weight_memory": args.weight_memory,
+                "messages": row.simulation.messages,
                 "over_memory": over_memory(row.simulation, args.memory)}
             if row.partition is not None:
                 fields.update(partition=row.partition, stage_costs=[
@@ -339,7 +352,7 @@ def main():
              if args.layers is not None else
              f"a stage's F {forward:g}, B {backward:g}, W {weight:g}, message {message:g}")
     print(f"n = {args.stages} ranks, m = {args.micro_batches} micro-batches; {model}; the search within memory "
-          f"{memory:g}" + f", a B leaving {args.weight_memory:g} of it for its W" * (args.weight_memory != 1))
+          f"{memory:g}, a B leaving {args.weight_memory:.4g} of its micro-batch for its W")
     print(f"{'schedule':<24} {'placement':>9} {'chunks':>6} {'step':>10} {'bubble':>7} {'window':>7} {'peak':>6} "
           f"{'rank 0':>6} {'messages':>8}" + "  partition" * (args.layers is not None))
     for row in rows:

@@ -52,6 +52,12 @@ def _held_by(kind, weight_memory):
     return {"forward": 1, "backward": weight_memory - 1, "weight": -weight_memory}[kind]
 
 
+def _forward_limit(limit, weight_memory):
+    """The pairs a rank's F's may fill: all of `limit`, or, where a B adds to what its F held (weight_memory above 1,
+    this MLP's), all but what a B adds, so that a B always fits once the W's it owes have run."""
+    return limit - max(0, weight_memory - 1)
+
+
 def _greedy(rank_of, num_microbatches, chunk_cost, limit, weight_memory):
     """The search's first order, found as if messages were free (the passes reorder it with them).
     A free rank runs the ready computation it prefers: an I that a neighbour waits for (any but stage 0's) before an
@@ -68,6 +74,7 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit, weight_memory):
     events = [(0.0, 0)]  # (when, rank): a rank to look at then
     clock = [0.0] * num_ranks  # when each rank is free
     held = [0] * num_ranks  # (chunk, micro_batch) pairs each rank holds
+    forward_limit, backward_adds = _forward_limit(limit, weight_memory), _held_by("backward", weight_memory)
     after_backward = [False] * num_ranks  # whether its last F or I was an I: 1F1B's turn
     starts, orders = {}, [[] for _ in range(num_ranks)]  # what the search returns
     while events:
@@ -75,13 +82,15 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit, weight_memory):
         if clock[rank] > now:
             continue
         arrived = {key: heap[0] for key, heap in ready[rank].items() if heap and heap[0][0] <= now}
-        fits = {stage: _forward_fits(owing[rank], micro_batch, visits[rank], held[rank], limit)
+        fits = {stage: _forward_fits(owing[rank], micro_batch, visits[rank], held[rank], forward_limit)
                 for (kind, stage), (_, micro_batch) in arrived.items() if kind == "forward"}
         room = after_backward[rank] and not all(fits.values())  # a W to make room for the F that 1F1B wants
         choices = []
         for (kind, stage), (arrival, micro_batch) in arrived.items():
             if kind == "forward" and fits[stage]:
                 preference = 0 if after_backward[rank] else 1, -stage
+            elif kind == "backward" and held[rank] + backward_adds > limit + 1e-9:  # its W's owed first
+                continue
             elif kind == "backward" and stage == 0:  # only its own W waits for it
                 preference = 2, stage
             elif kind == "backward":
@@ -128,6 +137,7 @@ def _reschedule(rank_of, starts, chunk_cost, message, limit, weight_memory, reve
             after[made if reverse else node].append(node if reverse else made)
             inputs[node if reverse else made] += 1
     take = "weight" if reverse else "forward"
+    forward_limit = _forward_limit(limit, weight_memory)
     takers = [[] for _ in range(num_ranks)]  # per rank, the computations that take memory, in the last order
     for node in sorted((node for node in key if node[0] == take), key=key.get):
         takers[rank_of[node[1]]].append(node)
@@ -161,7 +171,8 @@ def _reschedule(rank_of, starts, chunk_cost, message, limit, weight_memory, reve
             skipped.append(heapq.heappop(ready[rank]))
             _, when, node = skipped[-1]
             taking = _held_by(node[0], weight_memory) * (-1 if reverse else 1)
-            if taking > 0 and held[rank] + taking > limit + 1e-9:
+            room = forward_limit if node[0] == "forward" else limit
+            if taking > 0 and held[rank] + taking > room + 1e-9:
                 continue
             if when <= now:
                 pick = skipped.pop()
@@ -208,6 +219,7 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
     of the next one waits if it would delay that B's return. Returns the orders, or None if memory is too small."""
     cost, last = chunk_cost, num_ranks - 1
     held_by = {kind: _held_by(kind, weight_memory) for kind in cost}
+    room = {kind: _forward_limit(limit, weight_memory) if kind == "forward" else limit for kind in cost}
     ends = {}  # (kind, rank, micro_batch): when it ends
     clock, held, idle = [0.0] * num_ranks, [0.0] * num_ranks, [0.0] * num_ranks
     count = [dict.fromkeys(cost, 0) for _ in range(num_ranks)]  # per rank, how many of each kind it has run
@@ -239,7 +251,7 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
 
     def weights_before(rank, kind):
         """The W's the rank runs before its next computation of this kind: for memory, then into its wait."""
-        while held[rank] + held_by[kind] > limit + 1e-9:
+        while held[rank] + held_by[kind] > room[kind] + 1e-9:
             if not owed(rank):
                 raise ValueError("no W frees memory")
             put(rank, "weight")
@@ -257,7 +269,7 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
     backward_end = clock[last] + cost["backward"]
     for rank in range(last - 1, -1, -1):
         busy, holds = clock[rank], held[rank]
-        while 1 + warm_up[rank] < num_microbatches and holds + 1 <= limit + 1e-9 and \
+        while 1 + warm_up[rank] < num_microbatches and holds + 1 <= room["forward"] + 1e-9 and \
                 busy + cost["forward"] <= backward_end + message:
             busy, holds, warm_up[rank] = busy + cost["forward"], holds + 1, warm_up[rank] + 1
         backward_end = max(busy, backward_end + message) + cost["backward"]
@@ -275,7 +287,8 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
             for rank in range(last):
                 if hold_back_f and wants[rank] and count[rank]["forward"] >= count[rank + 1]["forward"] + 2:
                     returns = clock[rank + 1] + cost["forward"] + cost["backward"] + message
-                    freeing = min(owed(rank), max(0, math.ceil((held[rank] + 1 - limit - 1e-9) / weight_memory)))
+                    over = held[rank] + 1 - room["forward"] - 1e-9  # what an F more holds past its room
+                    freeing = min(owed(rank), max(0, math.ceil(over / weight_memory)))
                     late = clock[rank] + cost["forward"] + freeing * cost["weight"] > returns
                     allowed = returns - clock[rank] <= max(idle) - idle[rank]  # waiting instead is within the longest
                     wants[rank] = clock[rank] < returns and not (late and allowed)
@@ -346,6 +359,8 @@ def _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, 
     met = []  # (key, step, tables) of every order met
 
     def meet(tables):
+        if max(theory.peak_inflight(tables, weight_memory)) > limit + 1e-9:  # a start over memory: not an answer
+            return
         simulation = costs.simulate(tables, placement, num_chunks, cost, message, weight_memory)
         met.append((_key(simulation, objective, work), simulation.step, tables))
 
@@ -396,8 +411,9 @@ def _shortened(rank_of, starts, chunk_cost, message, limit, weight_memory):
         yield _as_tables(orders)
 
 
-def _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory):
-    """The (chunk, micro_batch) pairs a rank may hold within `memory` micro-batches of a stage, or one sentence."""
+def _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory, weight_memory=1):
+    """The (chunk, micro_batch) pairs a rank may hold within `memory` micro-batches of a stage, no more than every
+    pair at once can (each at weight_memory after its B, where that is more), or one sentence."""
     schedules.check_counts(num_ranks, num_microbatches, num_chunks)
     if placement not in ("loop", "v"):
         raise ValueError(f"placement is {placement!r}: pass 'loop' (one chunk a rank) or 'v' (two).")
@@ -405,7 +421,7 @@ def _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory):
         raise ValueError(f"num_chunks is {num_chunks}: the V holds 2 chunks a rank.")
     if not memory >= 1:
         raise ValueError(f"memory is {memory!r}: no schedule runs in less than 1 micro-batch of a stage a rank.")
-    return min(memory, num_microbatches) * num_chunks
+    return min(memory, num_microbatches * max(1, weight_memory)) * num_chunks
 
 
 def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, num_chunks=None, weight_memory=1,
@@ -423,7 +439,7 @@ def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, nu
     micro-batch from F to W."""
     if num_chunks is None:
         num_chunks = 2 if placement == "v" else 1
-    limit = _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory)
+    limit = _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory, weight_memory)
     found = _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message, weight_memory,
                               objective)
     if found is None:
@@ -442,7 +458,7 @@ def best_search(num_ranks, num_microbatches, cost, memory, message=0.0, num_chun
     for placement, chunks in [("loop", 1)] + [("loop", num_chunks)] * (num_chunks > 1) + [("v", 2)]:
         if placement not in placements or most_chunks is not None and chunks > most_chunks:
             continue
-        limit = _pair_limit(num_ranks, num_microbatches, placement, chunks, memory)
+        limit = _pair_limit(num_ranks, num_microbatches, placement, chunks, memory, weight_memory)
         least = costs.least_step(placement, num_ranks, chunks, num_microbatches, cost, message, limit)
         if best and objective == "step" and least >= best[1]:
             continue
