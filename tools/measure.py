@@ -231,19 +231,21 @@ for stages in (8, 32, 64):
     for row in planned:
         peak = max(row["peak_inflight"])
         plan_rows.append([stages, 4 * stages, row["schedule"], row["placement"], row["chunks"], f"{row['step']:g}",
-                          f"{row['bubble']:.3f}", f"{peak:g}", f"{row['peak_inflight'][0]:g}", max(row["messages"]),
-                          f"{seconds:.1f}"])
-        by_schedule.setdefault(row["schedule"], []).append(f"{row['bubble']:.3f} | {peak:g}")
+                          f"{row['bubble']:.3f}", f"{peak:.4g}", f"{row['peak_inflight'][0]:.4g}",
+                          f"{row['weight_memory']:.4g}", max(row["messages"]), f"{seconds:.1f}"])
+        by_schedule.setdefault(row["schedule"], []).append(f"{row['bubble']:.3f} | {peak:.4g}")
 out.append(f"""## Planning at scale: tools/plan.py
 
 Every schedule of `schedules.py` and the search, replayed at a stage's F : B : W = 1 : 2 : 1 with free
 messages, m = 4n, sorted by step: the step in those units, the busiest rank's bubble, the largest rank's and rank
-0's peak activations (micro-batches of a stage), the most tensors a rank sends, and the seconds plan.py took.
+0's peak activations (micro-batches of a stage), at the share of a micro-batch that a B leaves for its W (plan.py's
+default `--weight-memory`: this MLP's, 2L / (L + 1) at the default 16 layers' L blocks a stage, one at least), the
+most tensors a rank sends, and the seconds plan.py took.
 
 {ran()}
 
-{table(["n", "m", "schedule", "placement", "chunks", "step", "bubble", "peak", "rank 0", "messages", "plan.py (s)"],
-       plan_rows)}""")
+{table(["n", "m", "schedule", "placement", "chunks", "step", "bubble", "peak", "rank 0", "W's share", "messages",
+        "plan.py (s)"], plan_rows)}""")
 readme_blocks["plan"] = "\n".join(
     ["| m = 4n, F : B : W = 1 : 2 : 1 | n = 8: bubble | peak | n = 32: bubble | peak | n = 64: bubble | peak |",
      "|---|---|---|---|---|---|---|"] + [f"| `{name}` | {' | '.join(cells)} |" for name, cells in by_schedule.items()])
