@@ -171,8 +171,8 @@ def _reschedule(rank_of, starts, chunk_cost, message, limit, weight_memory, reve
             skipped.append(heapq.heappop(ready[rank]))
             _, when, node = skipped[-1]
             taking = _held_by(node[0], weight_memory) * (-1 if reverse else 1)
-            room = forward_limit if node[0] == "forward" else limit
-            if taking > 0 and held[rank] + taking > room + 1e-9:
+            bound = forward_limit if node[0] == "forward" else limit
+            if taking > 0 and held[rank] + taking > bound + 1e-9:
                 continue
             if when <= now:
                 pick = skipped.pop()
@@ -219,7 +219,7 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
     of the next one waits if it would delay that B's return. Returns the orders, or None if memory is too small."""
     cost, last = chunk_cost, num_ranks - 1
     held_by = {kind: _held_by(kind, weight_memory) for kind in cost}
-    room = {kind: _forward_limit(limit, weight_memory) if kind == "forward" else limit for kind in cost}
+    bound = {kind: _forward_limit(limit, weight_memory) if kind == "forward" else limit for kind in cost}
     ends = {}  # (kind, rank, micro_batch): when it ends
     clock, held, idle = [0.0] * num_ranks, [0.0] * num_ranks, [0.0] * num_ranks
     count = [dict.fromkeys(cost, 0) for _ in range(num_ranks)]  # per rank, how many of each kind it has run
@@ -251,7 +251,7 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
 
     def weights_before(rank, kind):
         """The W's the rank runs before its next computation of this kind: for memory, then into its wait."""
-        while held[rank] + held_by[kind] > room[kind] + 1e-9:
+        while held[rank] + held_by[kind] > bound[kind] + 1e-9:
             if not owed(rank):
                 raise ValueError("no W frees memory")
             put(rank, "weight")
@@ -269,7 +269,7 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
     backward_end = clock[last] + cost["backward"]
     for rank in range(last - 1, -1, -1):
         busy, holds = clock[rank], held[rank]
-        while 1 + warm_up[rank] < num_microbatches and holds + 1 <= room["forward"] + 1e-9 and \
+        while 1 + warm_up[rank] < num_microbatches and holds + 1 <= bound["forward"] + 1e-9 and \
                 busy + cost["forward"] <= backward_end + message:
             busy, holds, warm_up[rank] = busy + cost["forward"], holds + 1, warm_up[rank] + 1
         backward_end = max(busy, backward_end + message) + cost["backward"]
@@ -287,7 +287,7 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
             for rank in range(last):
                 if hold_back_f and wants[rank] and count[rank]["forward"] >= count[rank + 1]["forward"] + 2:
                     returns = clock[rank + 1] + cost["forward"] + cost["backward"] + message
-                    over = held[rank] + 1 - room["forward"] - 1e-9  # what an F more holds past its room
+                    over = held[rank] + 1 - bound["forward"] - 1e-9  # what an F more holds past its bound
                     freeing = min(owed(rank), max(0, math.ceil(over / weight_memory)))
                     late = clock[rank] + cost["forward"] + freeing * cost["weight"] > returns
                     allowed = returns - clock[rank] <= max(idle) - idle[rank]  # waiting instead is within the longest
@@ -431,7 +431,8 @@ def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, nu
     "v" (two), at a stage's costs {"forward": F, "backward": B, "weight": W} (a chunk's: a 1/num_chunks share) and a
     tensor's `message` time between ranks. memory: the most activations a rank may hold, in micro-batches of a stage
     (a chunk's: a 1/num_chunks share), as tools/plan.py counts them, a B leaving weight_memory of its micro-batch's
-    held for its W (the zero-bubble paper's M_W / M_B; 1, all of it, unless given). The starts (_search_placement):
+    held for its W (the zero-bubble paper's M_W / M_B; 1, all of it, unless given; above 1, this MLP's, a B adds to
+    its count, and its F's leave it that room). The starts (_search_placement):
     a greedy (_greedy) and the passes backwards and forwards from it (_reschedule); on the loop at one chunk a rank,
     the zero-bubble paper's heuristic (_warmed_up); the fastest table of schedules.py that fits the memory. The best
     order met by the objective is kept ("step": the step, then the longest window; "window": the reverse, the
