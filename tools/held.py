@@ -51,7 +51,8 @@ def weight_share(blocks):
     """The share of a micro-batch's held activations that its B leaves for its W (the zero-bubble paper's M_W / M_B),
     as held_count counts them on a stage of `blocks` = L blocks (the head's stage aside): from F to B its input and
     its blocks' ReLU outputs, L + 1 units; from B to W each Linear's input and output gradient, 2L. Above 1 from
-    L = 2 on: in this MLP a B adds to what its F held (the ReLU's mask is all a B needs, and W keeps the rest)."""
+    L = 2 on: in this MLP a B adds to what its F held (of that only the last block's output goes, which no Linear of
+    the stage reads, and the output gradients come)."""
     return 2 * blocks / (blocks + 1)
 
 
