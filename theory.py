@@ -134,16 +134,20 @@ def least_overlap(tables, stage_of, num_stages, cost=UNIT_COSTS):
     least = 0.0
     for rank, table in enumerate(tables):
         for step in steps(table):
-            parts = [costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in step]
+            parts = _parts(step, rank, stage_of, costs)
             if len(parts) == 2:
                 least = max(least, max(parts) / sum(parts))
     return least
 
 
+def _parts(step, rank, stage_of, costs):
+    """The costs of a step's computations on this rank, at each stage's costs: one, or an F&B step's two."""
+    return [costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in step]
+
+
 def _lasts(step, rank, stage_of, costs, overlap):
-    """How long a step of this rank lasts at each stage's costs: its computation's cost, or `overlap` of an F&B
-    step's two parts."""
-    parts = [costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in step]
+    """How long a step of this rank lasts: its computation's cost, or `overlap` of an F&B step's two parts."""
+    parts = _parts(step, rank, stage_of, costs)
     return (overlap if len(parts) == 2 else 1) * sum(parts)
 
 

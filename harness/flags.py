@@ -154,7 +154,6 @@ def _check_schedule(args, schedules):
     except ValueError as error:
         fail(f"--schedule {args.schedule} on {num_ranks} rank{'s' * (num_ranks > 1)}: {error}")
     args.placement, args.virtual_stages = found.placement, found.num_chunks
-    num_ranks = len(found.tables)
 
     def stage_of(rank, chunk):
         return theory.stage(found.placement, num_ranks, rank, chunk)

@@ -32,7 +32,7 @@ from theory import UNIT_COSTS, computing, counted_costs, paced_spans, peak_infli
 from tools import search
 from tools.costs import parse_costs
 from tools.held import held_count, weight_share
-from tools.plan import default_weight_memory, to_csv
+from tools.plan import default_memory, default_weight_memory, to_csv
 
 SCRIPT = "09_any_schedule.py"
 NAMES = list(schedules.SCHEDULES)
@@ -272,7 +272,7 @@ def searched(world, micro_batches, flags):
     cost, message = parse_costs(flag("--costs", "1,1,1"))
     num_ranks = max(world, 1)
     share = float(flag("--weight-memory", default_weight_memory(int(flag("--layers", 16)), num_ranks)))
-    memory = float(flag("--memory", num_ranks + max(0, share - 1)))  # 1F1B's
+    memory = float(flag("--memory", default_memory(num_ranks, share)))
     return search.best_search(num_ranks, micro_batches, cost, memory, message, int(flag("--virtual-stages", 2)),
                               weight_memory=share, objective=flag("--objective", "step"))
 

@@ -15,7 +15,7 @@ import pytest
 import schedules
 import theory
 from tools import costs, held, paper, search
-from tools.plan import Row, counted, partitioned, to_csv
+from tools.plan import Row, counted, default_memory, partitioned, to_csv
 from tools.plan import plan as plan_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,7 +190,7 @@ def test_plans_search_row_is_no_slower_than_any_row_within_memory(flags):
     and no slower than any row that is."""
     found = rows(*flags)
     share = found["search"]["weight_memory"]
-    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else int(flags[1]) + max(0, share - 1)
+    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else default_memory(int(flags[1]), share)
     assert max(found["search"]["peak_inflight"]) <= memory + 1e-9
     for name, row in found.items():
         if "step" in row and max(row["peak_inflight"]) <= memory + 1e-9:
@@ -283,7 +283,7 @@ def test_save_writes_the_search_table_and_svg_draws_it(tmp_path, flags):
     found = rows(*flags)["search"]
     n, m = int(flags[1]), int(flags[3])
     share = found["weight_memory"]  # this MLP's, and 1F1B's memory at it, unless given
-    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else n + max(0, share - 1)
+    memory = float(flags[flags.index("--memory") + 1]) if "--memory" in flags else default_memory(n, share)
     looped = int(flags[flags.index("--virtual-stages") + 1]) if "--virtual-stages" in flags else 2
     cost, message = costs.parse_costs(flags[flags.index("--costs") + 1] if "--costs" in flags else "1,1,1")
     placement, chunks, tables = search.best_search(n, m, cost, memory, message, looped, weight_memory=share)
@@ -403,7 +403,8 @@ def test_the_objective_orders_step_and_window():
 def test_weight_memory_above_one_adds_what_a_b_holds_for_its_w(n, m):
     """theory.peak_inflight at a share above 1 (this MLP's, tools/held.py's weight_share): a B adds what W needs to
     what its F held, so that a full backward, its B then its W as 09 runs it, counts as the two at once; 1F1B's
-    ranks hold theirs and a moment of that more; and the search, within 1F1B's memory so counted, never slower."""
+    ranks hold theirs and a moment of that more; and the search, within 1F1B's memory so counted, never slower, and
+    with less than a B of one micro-batch needs, no order (every start, the paper's heuristic's too, over it)."""
     share = held.weight_share(3)
     for name, chunks in (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2), ("dualpipev", 2)):
         tables = schedules.table(name, n, m, chunks)
@@ -420,6 +421,9 @@ def test_weight_memory_above_one_adds_what_a_b_holds_for_its_w(n, m):
             found = simulated(tables, placement, cost, 0.3, num_chunks)
             assert max(theory.peak_inflight(tables, share)) <= max(memory, 1) * num_chunks + 1e-9, name
             assert found.step <= rival.step + 1e-9, (name, placement, num_chunks)
+    for micro_batches in (1, m):  # one micro-batch in its B holds `share`
+        with pytest.raises(ValueError, match="no order"):
+            search.search(n, micro_batches, "loop", cost, 1, 0.3, 1, weight_memory=share)
 
 
 def test_weight_memory_lets_a_b_free_what_its_w_does_not_need():

@@ -291,6 +291,11 @@ def default_weight_memory(layers, num_stages):
     return held.weight_share(max(1, layers / num_stages))
 
 
+def default_memory(num_stages, weight_memory):
+    """--memory's default: what 1F1B holds, n micro-batches and what a B adds to them at this share."""
+    return num_stages + max(0, weight_memory - 1)
+
+
 def main():
     args = parser.parse_args()
     for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches),
@@ -318,7 +323,7 @@ def main():
         harness.fail(f"--weight-memory is {args.weight_memory:g}: pass the share of a micro-batch's activations that "
                      "its B leaves held until its W, a number above 0.")
     harness.flags.check_overlap(args.overlap)
-    memory = args.stages + max(0, args.weight_memory - 1) if args.memory is None else args.memory
+    memory = default_memory(args.stages, args.weight_memory) if args.memory is None else args.memory
     placements = (args.placement,) if args.placement else ("loop", "v")
     rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory, placements,
                 args.weight_memory, args.objective, args.overlap)

@@ -281,6 +281,7 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
             for _ in range(warm_up[rank]):
                 put(rank, "forward")
         for rank in range(last, -1, -1):
+            weights_before(rank, "backward")  # none owed yet: only whether it fits
             put(rank, "backward")
         for _ in range(1, num_microbatches):
             wants = [count[rank]["forward"] < num_microbatches for rank in range(num_ranks)]
@@ -359,8 +360,6 @@ def _search_placement(num_ranks, num_microbatches, placement, num_chunks, cost, 
     met = []  # (key, step, tables) of every order met
 
     def meet(tables):
-        if max(theory.peak_inflight(tables, weight_memory)) > limit + 1e-9:  # a start over memory: not an answer
-            return
         simulation = costs.simulate(tables, placement, num_chunks, cost, message, weight_memory)
         met.append((_key(simulation, objective, work), simulation.step, tables))
 
@@ -432,12 +431,11 @@ def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, nu
     tensor's `message` time between ranks. memory: the most activations a rank may hold, in micro-batches of a stage
     (a chunk's: a 1/num_chunks share), as tools/plan.py counts them, a B leaving weight_memory of its micro-batch's
     held for its W (the zero-bubble paper's M_W / M_B; 1, all of it, unless given; above 1, this MLP's, a B adds to
-    its count, and its F's leave it that room). The starts (_search_placement):
-    a greedy (_greedy) and the passes backwards and forwards from it (_reschedule); on the loop at one chunk a rank,
-    the zero-bubble paper's heuristic (_warmed_up); the fastest table of schedules.py that fits the memory. The best
-    order met by the objective is kept ("step": the step, then the longest window; "window": the reverse, the
-    paper's measure): never worse than a table that fits. Below memory 1 no schedule runs: a rank holds a
-    micro-batch from F to W."""
+    its count, and its F's leave it that room). The starts (_search_placement): a greedy (_greedy) and the passes
+    backwards and forwards from it (_reschedule); on the loop at one chunk a rank, the zero-bubble paper's heuristic
+    (_warmed_up); the fastest table of schedules.py that fits the memory. The best order met by the objective is
+    kept ("step": the step, then the longest window; "window": the reverse, the paper's measure): never worse than a
+    table that fits. Below memory 1 no schedule runs: a rank holds a micro-batch from F to W."""
     if num_chunks is None:
         num_chunks = 2 if placement == "v" else 1
     limit = _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory, weight_memory)
