@@ -7,8 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -194,6 +196,19 @@ def wait_ranks(ranks, timeout):
         if rank.poll() is None:
             rank.kill()
     return [rank.wait() for rank in ranks]
+
+
+def python(*argv, check=False, timeout=120):
+    """`python *argv` (a tool, such as tools/plan.py) run from the repository's root as a user runs it, but forked
+    from the zygote, whose torch is imported already: what subprocess.run(..., capture_output=True, text=True)
+    returns (check: it must exit 0)."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        (code,) = wait_ranks([Forked([sys.executable, *argv], ENV, out / "stdout", out / "stderr")], timeout)
+        result = subprocess.CompletedProcess([sys.executable, *argv], code, (out / "stdout").read_text(),
+                                             (out / "stderr").read_text())
+    assert not check or code == 0, f"{' '.join(map(str, argv))} exited {code}:\n{result.stderr[-3000:]}"
+    return result
 
 
 def refusal(tmp_path, script, world, *flags):

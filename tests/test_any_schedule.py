@@ -6,8 +6,6 @@ sentence. And the tables are the numbered scripts' own orders: what 01-06 comput
 is their table."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch.distributed.pipelining.schedules as torch_schedules
@@ -15,7 +13,6 @@ import torch.distributed.pipelining.schedules as torch_schedules
 import schedules
 from common import partition
 from tests.launch import (
-    HERE,
     MEMORY,
     SIZE,
     SYNC,
@@ -24,6 +21,7 @@ from tests.launch import (
     case_ids,
     paced_theory,
     pipelined,
+    python,
     settled,
     size,
     torch_csv,
@@ -152,8 +150,8 @@ def test_weight_memory_is_what_a_run_holds(runs, tmp_path_factory, blocks):
     assert growth[True] == pytest.approx(blocks + 1, abs=1e-9)  # an input and each block's output
     share = growth[False] / growth[True]
     assert share == pytest.approx(weight_share(blocks), abs=1e-9)
-    result = subprocess.run([sys.executable, "tools/plan.py", "--stages", "2", "--micro-batches", "4", "--layers",
-                             str(2 * blocks), "--json"], cwd=HERE, capture_output=True, text=True, check=True)
+    result = python("tools/plan.py", "--stages", "2", "--micro-batches", "4", "--layers", str(2 * blocks), "--json",
+                    check=True)
     assert json.loads(result.stdout.splitlines()[0])["weight_memory"] == pytest.approx(share, abs=1e-9)
 
 
@@ -172,9 +170,8 @@ def saved(tmp_path_factory):
         key = world, micro_batches, flags
         if key not in paths:
             paths[key] = str(folder / f"plan{len(paths)}.csv")
-            subprocess.run([sys.executable, "tools/plan.py", "--stages", str(max(world, 1)), "--micro-batches",
-                            str(micro_batches), *flags, "--save", paths[key]], cwd=HERE, check=True,
-                           capture_output=True)
+            python("tools/plan.py", "--stages", str(max(world, 1)), "--micro-batches", str(micro_batches), *flags,
+                   "--save", paths[key], check=True)
         return paths[key]
 
     return save
@@ -231,8 +228,7 @@ def test_plan_is_what_runs(runs, again, saved):
     counted costs' proportions but for the loss's share, a hundredth), and its peak in flight (micro-batches of a
     stage, at this MLP's share, the default --weight-memory) its table's count at that share, whose count at whole
     micro-batches is 09's measured peak."""
-    result = subprocess.run([sys.executable, "tools/plan.py", "--stages", "4", "--micro-batches", "8", *MODEL,
-                             "--json"], cwd=HERE, capture_output=True, text=True, check=True)
+    result = python("tools/plan.py", "--stages", "4", "--micro-batches", "8", *MODEL, "--json", check=True)
     planned = {row["schedule"]: row for row in map(json.loads, result.stdout.splitlines())
                if row["partition"] == [last - first for first, last in partition(8, 4 * row["chunks"])]}
     assert sorted(planned) == sorted([*NAMES, "search"])

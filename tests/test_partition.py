@@ -4,19 +4,17 @@ gradients at every partition and placement, chunks included; the balanced split 
 run with a heavy head waits on its last stage as the replay says; bad input is one sentence."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 import schedules
 import theory
 from tests.launch import (
-    HERE,
     SYNC,
     assert_matches,
     case_ids,
     paced_theory,
+    python,
     refusal,
     settled,
     size,
@@ -162,9 +160,8 @@ def test_plan_costs_from_a_trace_are_each_stages_own(runs, tmp_path):
     run = runs("05_zero_bubble.py", 2, *size(7), "--micro-batches", "4", *HEAVY)
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(run.trace))
-    result = subprocess.run([sys.executable, "tools/plan.py", "--stages", "2", "--micro-batches", "4", "--layers", "7",
-                             "--hidden", "24", *HEAVY, "--costs-from", str(path), "--json"], cwd=HERE,
-                            capture_output=True, text=True, check=True)
+    result = python("tools/plan.py", "--stages", "2", "--micro-batches", "4", "--layers", "7", "--hidden", "24",
+                    *HEAVY, "--costs-from", str(path), "--json", check=True)
     mine = [row for row in map(json.loads, result.stdout.splitlines()) if row["schedule"] == "zb-h1"]
     even = next(row for row in mine if row["partition"] == [4, 3])
     events = [event for event in run.trace["traceEvents"] if event["ph"] == "X"]
@@ -178,8 +175,8 @@ def test_plan_costs_from_a_trace_are_each_stages_own(runs, tmp_path):
 def test_plan_prints_each_schedule_at_both_splits():
     """tools/plan.py --layers 16 --hidden 1024 --classes 16384 on 2 ranks: every schedule's row at the even split
     and at its balanced one, whose step is no longer; --json carries each row's partition and stage costs."""
-    result = subprocess.run([sys.executable, "tools/plan.py", "--stages", "2", "--layers", "16", "--hidden", "1024",
-                             "--classes", "16384", "--json"], cwd=HERE, capture_output=True, text=True, check=True)
+    result = python("tools/plan.py", "--stages", "2", "--layers", "16", "--hidden", "1024", "--classes", "16384",
+                    "--json", check=True)
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     for name in [*schedules.SCHEDULES, "search"]:
         mine = [row for row in rows if row["schedule"] == name]

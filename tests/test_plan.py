@@ -3,9 +3,6 @@ within memory, never deadlocked) and its bubble against every table of its place
 table plan.py saves is the search's, and schedules.from_csv reads it back."""
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -14,17 +11,17 @@ import pytest
 
 import schedules
 import theory
+from tests.launch import python
 from tools import costs, held, paper, search
 from tools.plan import Row, counted, default_memory, partitioned, to_csv
 from tools.plan import plan as plan_rows
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("forward", "backward", "weight")
 
 
 def plan(*flags):
-    """tools/plan.py run from the repository's root, as a user runs it."""
-    return subprocess.run([sys.executable, "tools/plan.py", *flags], cwd=ROOT, capture_output=True, text=True)
+    """tools/plan.py run from the repository's root, as a user runs it (forked: tests.launch.python)."""
+    return python("tools/plan.py", *flags)
 
 
 def rows(*flags):

@@ -6,13 +6,12 @@ by 1/m (PyTorch's default, scale_grads=True) moves them by about 1e-6: far more 
 """
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.launch import HERE, assert_close, start_ranks, wait_ranks
+from tests.launch import assert_close, python, start_ranks, wait_ranks
 
 # 7 layers on 4 stages (unequal ones); 16 samples in 4 equal micro-batches, since PyTorch's
 # schedules size their receive buffers from the first micro-batch.
@@ -42,8 +41,8 @@ def test_a_saved_plan_runs_in_pytorchs_runtime(runs, tmp_path, world, plan_flags
     search's table and gives the baseline's gradients and losses in float64. 9 layers: room for the V's 8 stages."""
     flags = (*FLAGS, "--layers", "9")
     path = tmp_path / "plan.csv"
-    subprocess.run([sys.executable, "tools/plan.py", "--stages", str(world), "--micro-batches", "4", *plan_flags,
-                    "--save", str(path)], cwd=HERE, check=True, capture_output=True)
+    python("tools/plan.py", "--stages", str(world), "--micro-batches", "4", *plan_flags, "--save", str(path),
+           check=True)
     command = [sys.executable, "tools/torch_schedules.py", "--schedule", str(path), *flags, "--micro-batches", "4",
                "--dump-grads", str(tmp_path / "grads")]
     codes = wait_ranks(start_ranks(command, world, tmp_path), timeout=60)
