@@ -27,7 +27,7 @@ from common import (
 from harness import dump, log_step, parse_args, record, report, timed_step
 from theory import naive_bubble
 
-args = parse_args(__doc__, schedule="gpipe")
+args = parse_args(__doc__)
 rank, num_stages, device = setup(args)
 stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)

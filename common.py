@@ -19,7 +19,6 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import guarantees
 import harness
-import schedules
 import theory
 
 _rank, _num_ranks, _device, _dtype, _placement = 0, 1, torch.device("cpu"), torch.float32, "loop"
@@ -33,8 +32,7 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
     in its pipeline, the number of ranks in the pipeline, and the device. placement: where a rank's chunks sit,
     chunk c of rank r being stage c n + r ("loop") or r and 2n - 1 - r ("v"). data_parallel (07): the world is
     --data-parallel pipelines side by side, and device_mesh() names the two axes; tensor_parallel (08): each
-    stage is --tensor-parallel shards, a third axis. It also shares the blocks out (args.blocks, each stage's, as
-    --partition says) and tells --pace each of this rank's chunks' counted cost."""
+    stage is --tensor-parallel shards, a third axis."""
     global _rank, _num_ranks, _device, _dtype, _placement, _mesh, _group
     harness.before_setup(args)  # cores and threads
     timeout = datetime.timedelta(seconds=args.timeout)  # every wait's
@@ -61,9 +59,7 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
         _mesh = init_device_mesh(_device.type, tuple(sizes.values()), mesh_dim_names=tuple(sizes),
                                  backend_override=dict.fromkeys(sizes, options))
         _group, _rank, _num_ranks = _mesh.get_group("pp"), _mesh.get_local_rank("pp"), _mesh.size(1)
-    args.blocks = blocks(args, _num_ranks * args.virtual_stages)  # each stage's, once: --partition balanced replays
-    costs = theory.counted_costs(args.blocks, args.hidden, args.classes)
-    harness.pace_at(costs, [stage_of(_rank, chunk) for chunk in range(args.virtual_stages)])  # --pace by cost
+    harness.plan_stages(args, _rank, _num_ranks, stage_of)  # each stage's blocks (args.blocks), and --pace's spans
     return _rank, _num_ranks, _device
 
 
@@ -87,17 +83,6 @@ def partition(num_layers, num_stages):
     base, leftover = divmod(num_layers, num_stages)
     firsts = [stage * base + min(stage, leftover) for stage in range(num_stages + 1)]
     return list(zip(firsts, firsts[1:]))
-
-
-def blocks(args, num_stages):
-    """Each stage's count of blocks, as --partition says: even (partition's), the counts given (N0,N1,...), or
-    balanced: the split whose replay of this script's table at the stages' counted costs takes the least step."""
-    if args.partition == "even":
-        return [last - first for first, last in partition(args.layers, num_stages)]
-    if args.partition != "balanced":
-        return [int(count) for count in args.partition.split(",")]
-    table = schedules.load(args.schedule, _num_ranks, args.micro_batches, args.virtual_stages).tables
-    return theory.balanced(args.layers, table, stage_of, num_stages, args.hidden, args.classes)
 
 
 class Stage(nn.Module):
@@ -136,8 +121,8 @@ def _init_linear(linear, seed, layer, gain):
 
 
 def build_stage(args, stage, num_stages, device):
-    """Stage `stage` of `num_stages`, and only it, in the run's dtype on its device: its blocks as setup
-    shared them out (args.blocks)."""
+    """Stage `stage` of `num_stages`, and only it, in the run's dtype on its device: its count of blocks is
+    args.blocks[stage], partition's unless --partition says otherwise."""
     first = sum(args.blocks[:stage])
     return Stage(args, first, first + args.blocks[stage], has_head=stage == num_stages - 1).to(device, _dtype)
 

@@ -118,10 +118,10 @@ def release_all():
 
 
 def wait(request, link, verb):
-    what = f"{verb}_{'backward' if link.is_gradient else 'forward'}"
     try:
         with harness.record("wait", link.micro_batch, link.chunk):
             request.wait()  # no timeout here: on NCCL a timed wait blocks the host; --timeout bounds it
     except RuntimeError as error:
+        what = f"{verb}_{'backward' if link.is_gradient else 'forward'}"
         where = f"micro-batch {link.micro_batch}" + (f", chunk {link.chunk}" if num_chunks > 1 else "")
         raise harness.gave_up(f"{what} ({where})", f"rank {link.peer}", error, f"rank {link.peer}") from None

@@ -7,12 +7,14 @@ startup.py   cores and threads, errors as sentences, the same flags and one cloc
 meters.py    what each rank measures as it runs: bytes held, spans, step times, when sends and receives are posted
 summary.py   report: every rank's records on rank 0, the summary, its comparison with theory, the table
 pictures.py  the last step as text and as an SVG, and every span as a Chrome trace
+layout.py    once the pipeline is known: each stage's blocks as --partition says, --pace's spans by their cost
 """
 
 from harness.flags import PipelineError, fail, gave_up, parse_args
-from harness.meters import log_step, pace_at, pace_share, posted, record, started, timed_step, track
+from harness.layout import plan_stages
+from harness.meters import log_step, pace_share, posted, record, started, timed_step, track
 from harness.startup import after_setup, before_setup, dump, finish
 from harness.summary import report
 
 __all__ = ["PipelineError", "after_setup", "before_setup", "dump", "fail", "finish", "gave_up", "log_step",
-           "pace_at", "pace_share", "parse_args", "posted", "record", "report", "started", "timed_step", "track"]
+           "pace_share", "parse_args", "plan_stages", "posted", "record", "report", "started", "timed_step", "track"]
