@@ -29,30 +29,24 @@ from schedules import interleaved_1f1b
 from theory import UNIT_SPANS, busiest_bubble, peak_inflight
 
 args = parse_args(__doc__, micro_batches=True, virtual_stages=True, schedule="interleaved-1f1b")
-rank, num_ranks, device = setup(args)
+rank, num_stages, device = setup(args)
 num_chunks = args.virtual_stages
 # this rank's layers only: chunk c is stage c * n + rank of the n * v
-stages = [build_stage(args, chunk * num_ranks + rank, num_ranks * num_chunks, device) for chunk in range(num_chunks)]
+stages = [build_stage(args, chunk * num_stages + rank, num_stages * num_chunks, device) for chunk in range(num_chunks)]
 optimizer = torch.optim.Adam([param for stage in stages for param in stage.parameters()], lr=args.lr)
-# forwards (and backwards) per rank: m rounded up to a multiple of n, for each chunk; those past m are holes
-num_microbatches = -(-args.micro_batches // num_ranks) * num_ranks * num_chunks
+# forwards (and backwards) per rank, Megatron-LM's m v: m rounded up to a multiple of n, those past m holes
+total_num_microbatches = -(-args.micro_batches // num_stages) * num_stages * num_chunks
 
 
 def get_model_chunk_id(k, forward):
     """The chunk of the k-th forward, or of the k-th backward: backwards run the chunks in reverse."""
-    chunk = k % (num_ranks * num_chunks) // num_ranks
+    chunk = k % (num_stages * num_chunks) // num_stages
     return chunk if forward else num_chunks - 1 - chunk
 
 
 def get_microbatch_id(k):
     """The micro-batch of the k-th forward or backward: groups of n, each through chunk 0, then chunk 1, ..."""
-    return k // (num_ranks * num_chunks) * num_ranks + k % num_ranks
-
-
-def get_num_warmup_microbatches(rank):
-    """Forwards before the first backward (Megatron-LM's count): a lap of the ring per chunk but the last,
-    and 2 (n - r - 1), the first micro-batch's trip to the last rank and back."""
-    return min((num_chunks - 1) * num_ranks + 2 * (num_ranks - rank - 1), num_microbatches)
+    return k // (num_stages * num_chunks) * num_stages + k % num_stages
 
 
 def forward_pass(stage, input_tensor, inputs, labels):
@@ -72,7 +66,7 @@ def forward_step(micro_batch, chunk, input_tensor, inputs, labels):
 
 
 def backward_step(micro_batch, chunk, input_tensor, output_tensor, grad_output, inputs, labels):
-    """Backpropagate through this stage; return the gradient for the previous stage."""
+    """Backpropagate: the received activation, a leaf that requires grad, gets the gradient to send back in .grad."""
     stage = stages[chunk]
     with record("backward", micro_batch, chunk):
         if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
@@ -109,32 +103,39 @@ def train_step(inputs, labels):
         """One group one way round the ring: the k-th forward's (or backward's) output and the next one's input."""
         operations = [] if output_tensor is None else [
             Send(get_microbatch_id(k), output_tensor, not forward, get_model_chunk_id(k, forward))]
-        if k + 1 < num_microbatches and (micro_batch := get_microbatch_id(k + 1)) < args.micro_batches:
+        micro_batch = get_microbatch_id(k + 1)  # past m v, or past m, there is nothing to receive
+        if k + 1 < total_num_microbatches and micro_batch < args.micro_batches:
             operations.append(Recv(micro_batch, shapes[micro_batch], not forward, get_model_chunk_id(k + 1, forward)))
         return post(*operations)
 
-    num_warmup_microbatches = get_num_warmup_microbatches(rank)
-    num_microbatches_remaining = num_microbatches - num_warmup_microbatches
+    def received(pending):
+        """The tensor a group posted by post_ring receives, or None: it receives nothing (a hole, or the end)."""
+        tensors = pending.wait()
+        return tensors[0] if tensors else None
+
+    # Megatron-LM's warm-up: a lap of the ring per chunk but the last, and 2 (n - r - 1), a trip to rank n - 1 and back
+    num_warmup_microbatches = min((num_chunks - 1) * num_stages + 2 * (num_stages - rank - 1), total_num_microbatches)
+    num_microbatches_remaining = total_num_microbatches - num_warmup_microbatches
 
     # The ranks form a ring (rank n - 1's chunk c feeds rank 0's chunk c + 1): 1F1B's pairs could leave every rank
     # in a send to the previous rank under NCCL's rules. As in Megatron-LM, each group goes one way round the ring
     # and travels while the next computation runs; a group that receives nothing (a hole) gives None.
-    input_tensor, = post_ring(-1, None, forward=True).wait() or [None]  # None on the first stage
+    input_tensor = received(post_ring(-1, None, forward=True))  # None on the first stage
     for i in range(num_warmup_microbatches):  # warm-up: forwards only
-        input_tensor, = post_ring(i, forward(i, input_tensor), forward=True).wait() or [None]
+        input_tensor = received(post_ring(i, forward(i, input_tensor), forward=True))
 
     pending = post_ring(-1, None, forward=False)  # each gradient is received an iteration ahead of its backward
     for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
         j = num_warmup_microbatches + i
         output_tensor = forward(j, input_tensor)
-        grad_output, = pending.wait() or [None]
+        grad_output = received(pending)
         pending = post_ring(j, output_tensor, forward=True)  # activations one way round the ring,
         grad_input = backward(i, grad_output)
-        input_tensor, = pending.wait() or [None]
+        input_tensor = received(pending)
         pending = post_ring(i, grad_input, forward=False)  # then gradients the other way
 
-    for i in range(num_microbatches_remaining, num_microbatches):  # cool-down: backwards only
-        grad_output, = pending.wait() or [None]
+    for i in range(num_microbatches_remaining, total_num_microbatches):  # cool-down: backwards only
+        grad_output = received(pending)
         pending = post_ring(i, backward(i, grad_output), forward=False)
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stages[-1].is_last else None
@@ -150,6 +151,6 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
-tables = interleaved_1f1b(num_ranks, args.micro_batches, num_chunks)  # this order as a table: the theory's count
+tables = interleaved_1f1b(num_stages, args.micro_batches, num_chunks)  # this order as a table: the theory's count
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
-       bubble_theory=busiest_bubble(tables, stage_of, num_ranks * num_chunks, cost=UNIT_SPANS))
+       bubble_theory=busiest_bubble(tables, stage_of, num_stages * num_chunks, cost=UNIT_SPANS))

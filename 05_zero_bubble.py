@@ -42,8 +42,8 @@ noted = []  # (Linear, its input, its output's gradient edge) for each Linear th
 
 
 def note(linear, inputs, output):
-    """Forward hook: W will need the input (detached: kept past B, it must not keep the graph alive), held from
-    now on; B stops at the output and hands W its gradient. Under no_grad (--recompute's F) nothing to note."""
+    """Forward hook: W will need the input (detached: kept past I, it must not keep the graph alive), held from
+    now on; I stops at the output and hands W its gradient. Under no_grad (--recompute's F) nothing to note."""
     if torch.is_grad_enabled():
         noted.append((linear, track(inputs[0].detach()), torch.autograd.graph.get_gradient_edge(output)))
 
@@ -63,16 +63,16 @@ def forward_pass(stage, input_tensor, inputs, labels):
 
 
 def forward_step(micro_batch, input_tensor, inputs, labels):
-    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and the backward runs it again."""
+    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and I runs it again."""
     with record("forward", micro_batch), torch.set_grad_enabled(not args.recompute):
         return forward_pass(stage, input_tensor, inputs, labels)
 
 
-def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels):
-    """B: backpropagate to this stage's input and to each Linear's output, not to the weights;
+def input_grad_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels):
+    """I: backpropagate to this stage's input and to each Linear's output, not to the weights;
     return the gradient for the previous stage, and what W needs."""
     with record("backward", micro_batch):
-        if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
+        if args.recompute:  # the forward again, from the stage's input: its activations live for this I only
             output_tensor = forward_pass(stage, input_tensor, inputs, labels)
             linears = noted.copy()  # and W's inputs with it, not kept from F: they would keep every activation
             noted.clear()
@@ -94,25 +94,25 @@ def weight_step(micro_batch, weight_work, chunk=0):
 
 
 def train_step(inputs, labels):
-    """1F1B's warm-up, steady state and cool-down, with each W run `rank` micro-batches after its B."""
+    """1F1B's warm-up, steady state and cool-down, with each W run `rank` micro-batches after its I."""
     micro_batches = list(zip(inputs.tensor_split(args.micro_batches), labels.tensor_split(args.micro_batches)))
     shapes = [micro_inputs.shape for micro_inputs, _ in micro_batches]  # what each receive expects
-    input_tensors, output_tensors, losses = [], [], []  # stashed for backward, oldest first
-    linear_notes, weight_works = [], []  # stashed for B, then for W, oldest first
+    input_tensors, output_tensors, losses = [], [], []  # stashed for I, oldest first
+    linear_notes, weight_works = [], []  # stashed for I, then for W, oldest first
 
     def forward(i, input_tensor):
         output_tensor = forward_step(i, input_tensor, *micro_batches[i])
         input_tensors.append(input_tensor)
-        output_tensors.append(None if args.recompute else output_tensor)  # --recompute: backward makes it again
+        output_tensors.append(None if args.recompute else output_tensor)  # --recompute: I makes it again
         linear_notes.append(noted.copy())  # what the hooks noted during this forward
         noted.clear()
         if stage.is_last:
             losses.append(output_tensor.detach())
         return output_tensor
 
-    def backward(i, grad_output):
-        grad_input, weight_work = backward_step(i, input_tensors.pop(0), output_tensors.pop(0), grad_output,
-                                                linear_notes.pop(0), *micro_batches[i])
+    def input_grad(i, grad_output):
+        grad_input, weight_work = input_grad_step(i, input_tensors.pop(0), output_tensors.pop(0), grad_output,
+                                                  linear_notes.pop(0), *micro_batches[i])
         weight_works.append((i, weight_work))
         return grad_input
 
@@ -124,7 +124,7 @@ def train_step(inputs, labels):
     # Stage r runs n - r - 1 forwards ahead of its first backward (all of them if m is smaller).
     num_warmup_microbatches = min(num_stages - rank - 1, args.micro_batches)
     num_microbatches_remaining = args.micro_batches - num_warmup_microbatches
-    num_deferred_weights = rank  # W runs r behind B: stage r's B's end r slots before stage 0's, its W's fill them
+    num_deferred_weights = rank  # W runs r behind I: stage r's I's end r slots before stage 0's, its W's fill them
 
     for i in range(num_warmup_microbatches):  # warm-up: forwards only
         input_tensor = recv_forward(i, shapes[i])  # None on the first stage
@@ -132,14 +132,14 @@ def train_step(inputs, labels):
 
     if num_microbatches_remaining > 0:
         input_tensor = recv_forward(num_warmup_microbatches, shapes[num_warmup_microbatches])
-    for i in range(num_microbatches_remaining):  # steady state: forward j, then backward i
+    for i in range(num_microbatches_remaining):  # steady state: forward j, then I of i
         j = num_warmup_microbatches + i
         output_tensor = forward(j, input_tensor)
         # Each send is posted together with the receive the neighbour sends back. With sends
         # that wait to be received, as NCCL's do, two separate calls would deadlock: both
         # neighbours would sit in their sends, each waiting for the other to receive.
         grad_output = send_forward_recv_backward(j, output_tensor, i, shapes[i])
-        grad_input = backward(i, grad_output)
+        grad_input = input_grad(i, grad_output)
         if j + 1 < args.micro_batches:  # W runs while the pair travels, in the wait for the next input
             pending = post(Send(i, grad_input, True), Recv(j + 1, shapes[j + 1], False))
             weights(keep=num_deferred_weights)
@@ -148,9 +148,9 @@ def train_step(inputs, labels):
             send_backward(i, grad_input)
             weights(keep=num_deferred_weights)
 
-    for i in range(num_microbatches_remaining, args.micro_batches):  # cool-down: backwards only
+    for i in range(num_microbatches_remaining, args.micro_batches):  # cool-down: I's only
         grad_output = recv_backward(i, shapes[i])  # None on the last stage
-        send_backward(i, backward(i, grad_output))  # nothing to send from the first stage
+        send_backward(i, input_grad(i, grad_output))  # nothing to send from the first stage
         weights(keep=num_deferred_weights)
     weights(keep=0)  # the W's still deferred
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
@@ -168,4 +168,4 @@ for step in range(args.steps):
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
 report(args, [stage], expected_inflight=lambda rank: zb_h1_inflight(num_stages, args.micro_batches),
-       bubble_theory=zb_h1_bubble(num_stages, args.micro_batches))  # equal F, B, W; see the README
+       bubble_theory=zb_h1_bubble(num_stages, args.micro_batches))  # equal F, I, W; see the README

@@ -39,8 +39,8 @@ noted = []  # (Linear, its input, its output's gradient edge) for each Linear th
 
 
 def note(linear, inputs, output):
-    """Forward hook: W will need the input (detached: kept past B, it must not keep the graph alive), held from
-    now on; B stops at the output and hands W its gradient. Under no_grad (--recompute's F) nothing to note."""
+    """Forward hook: W will need the input (detached: kept past I, it must not keep the graph alive), held from
+    now on; I stops at the output and hands W its gradient. Under no_grad (--recompute's F) nothing to note."""
     if torch.is_grad_enabled():
         noted.append((linear, track(inputs[0].detach()), torch.autograd.graph.get_gradient_edge(output)))
 
@@ -60,18 +60,18 @@ def forward_pass(stage, input_tensor, inputs, labels):
 
 
 def forward_step(micro_batch, chunk, input_tensor, inputs, labels):
-    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and the backward runs it again."""
+    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and I runs it again."""
     stage = stages[chunk]
     with record("forward", micro_batch, chunk), torch.set_grad_enabled(not args.recompute):
         return forward_pass(stage, input_tensor, inputs, labels)
 
 
-def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels, chunk=0):
-    """B: backpropagate to this stage's input and to each Linear's output, not to the weights;
+def input_grad_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels, chunk=0):
+    """I: backpropagate to this stage's input and to each Linear's output, not to the weights;
     return the gradient for the previous stage, and what W needs."""
     stage = stages[chunk]
     with record("backward", micro_batch, chunk):
-        if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
+        if args.recompute:  # the forward again, from the stage's input: its activations live for this I only
             output_tensor = forward_pass(stage, input_tensor, inputs, labels)
             linears = noted.copy()  # and W's inputs with it, not kept from F: they would keep every activation
             noted.clear()
@@ -95,16 +95,16 @@ def weight_step(micro_batch, weight_work, chunk=0):
 def get_schedule(rank):
     """Rank's computations in order, (kind, chunk, micro_batch): PyTorch's ZB-V rule. Each chunk runs its
     micro-batches in order. The rule needs 2n - 1 micro-batches; with fewer, those past m are left out."""
-    F0, B0, W0, F1, B1, W1 = [(kind, chunk) for chunk in (0, 1) for kind in ("forward", "backward", "weight")]
+    F0, I0, W0, F1, I1, W1 = [(kind, chunk) for chunk in (0, 1) for kind in ("forward", "backward", "weight")]
     num_microbatches = max(args.micro_batches, 2 * num_ranks - 1)
     # Warm-up: chunk 0's forwards until micro-batch 0 is back up at chunk 1, then both in turn, then chunk 1's.
-    order = [F0] * (2 * (num_ranks - rank) - 1) + [F1, F0] * rank + [F1, B1, W1] * (num_ranks - rank)
-    # Steady state: F, B and W on chunk 0, then on chunk 1, until chunk 1 has caught up.
+    order = [F0] * (2 * (num_ranks - rank) - 1) + [F1, F0] * rank + [F1, I1, W1] * (num_ranks - rank)
+    # Steady state: F, I and W on chunk 0, then on chunk 1, until chunk 1 has caught up.
     while order.count(F1) < order.count(F0) or order.count(F0) < num_microbatches:
-        order += [F0] * (order.count(F0) < num_microbatches) + [B0, W0, F1, B1, W1]
-    # Cool-down: the backwards left, W's deferred into the slots where the pipeline drains.
-    order += [B0, B1] * rank + [B0, W0] * (num_ranks - rank)
-    order += [W1] * (order.count(B1) - order.count(W1)) + [W0] * (order.count(B0) - order.count(W0))
+        order += [F0] * (order.count(F0) < num_microbatches) + [I0, W0, F1, I1, W1]
+    # Cool-down: the I's left, W's deferred into the slots where the pipeline drains.
+    order += [I0, I1] * rank + [I0, W0] * (num_ranks - rank)
+    order += [W1] * (order.count(I1) - order.count(W1)) + [W0] * (order.count(I0) - order.count(W0))
     schedule = [(kind, chunk, order[:k].count((kind, chunk))) for k, (kind, chunk) in enumerate(order)]
     return [(kind, chunk, i) for kind, chunk, i in schedule if i < args.micro_batches]
 
@@ -113,22 +113,22 @@ def train_step(inputs, labels):
     """The rule's order, each tensor sent the moment it is made and waited for when it is used."""
     micro_batches = list(zip(inputs.tensor_split(args.micro_batches), labels.tensor_split(args.micro_batches)))
     shapes = [micro_inputs.shape for micro_inputs, _ in micro_batches]  # what each receive expects
-    input_tensors, output_tensors, losses = [[], []], [[], []], []  # per chunk, stashed for backward, oldest first
-    linear_notes, weight_works = [[], []], [[], []]  # per chunk, stashed for B, then for W, oldest first
+    input_tensors, output_tensors, losses = [[], []], [[], []], []  # per chunk, stashed for I, oldest first
+    linear_notes, weight_works = [[], []], [[], []]  # per chunk, stashed for I, then for W, oldest first
 
     def forward(chunk, i, input_tensor):
         output_tensor = forward_step(i, chunk, input_tensor, *micro_batches[i])
         input_tensors[chunk].append(input_tensor)
-        output_tensors[chunk].append(None if args.recompute else output_tensor)  # --recompute: backward makes it again
+        output_tensors[chunk].append(None if args.recompute else output_tensor)  # --recompute: I makes it again
         linear_notes[chunk].append(noted.copy())  # what the hooks noted during this forward
         noted.clear()
         if stages[chunk].is_last:
             losses.append(output_tensor.detach())
         return output_tensor
 
-    def backward(chunk, i, grad_output):
-        grad_input, weight_work = backward_step(i, input_tensors[chunk].pop(0), output_tensors[chunk].pop(0),
-                                                grad_output, linear_notes[chunk].pop(0), *micro_batches[i], chunk)
+    def input_grad(chunk, i, grad_output):
+        grad_input, weight_work = input_grad_step(i, input_tensors[chunk].pop(0), output_tensors[chunk].pop(0),
+                                                  grad_output, linear_notes[chunk].pop(0), *micro_batches[i], chunk)
         weight_works[chunk].append((i, weight_work, chunk))
         return grad_input
 
@@ -144,7 +144,7 @@ def train_step(inputs, labels):
         elif kind:
             recv = Recv(i, shapes[i], kind == "backward", chunk)
             group = waiting.pop(recv, None)  # None: nothing comes
-            result = (forward if kind == "forward" else backward)(chunk, i, group and group.received(recv))
+            result = (forward if kind == "forward" else input_grad)(chunk, i, group and group.received(recv))
         release(*moment.releases)  # their receivers have used them: they surely have them
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends
     return sum(losses) if stages[1].is_last else None
@@ -162,4 +162,4 @@ for step in range(args.steps):
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
 tables = zbv(num_ranks, args.micro_batches)  # this order as a table (schedules.py): the theory counts over it
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
-       bubble_theory=busiest_bubble(tables, stage_of, 2 * num_ranks))  # equal F, B, W; see the README
+       bubble_theory=busiest_bubble(tables, stage_of, 2 * num_ranks))  # equal F, I, W; see the README

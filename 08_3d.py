@@ -153,7 +153,7 @@ def forward_step(micro_batch, input_tensor, inputs, labels):
 
 
 def backward_step(micro_batch, input_tensor, output_tensor, grad_output, inputs, labels):
-    """Backpropagate through this stage; return the gradient for the previous stage."""
+    """Backpropagate: the received activation, a leaf that requires grad, gets the gradient to send back in .grad."""
     with record("backward", micro_batch):
         if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
             output_tensor = forward_pass(stage, input_tensor, inputs, labels)

@@ -47,8 +47,8 @@ noted = []  # (Linear, its input, its output's gradient edge) for each Linear th
 
 
 def note(linear, inputs, output):
-    """Forward hook: W will need the input (detached: kept past B, it must not keep the graph alive), held from
-    now on; B stops at the output and hands W its gradient. Under no_grad (--recompute's F) nothing to note."""
+    """Forward hook: W will need the input (detached: kept past I, it must not keep the graph alive), held from
+    now on; I stops at the output and hands W its gradient. Under no_grad (--recompute's F) nothing to note."""
     if torch.is_grad_enabled():
         noted.append((linear, track(inputs[0].detach()), torch.autograd.graph.get_gradient_edge(output)))
 
@@ -68,18 +68,18 @@ def forward_pass(stage, input_tensor, inputs, labels):
 
 
 def forward_step(micro_batch, chunk, input_tensor, inputs, labels):
-    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and the backward runs it again."""
+    """The timed forward. With --recompute it runs under no_grad: it saves nothing, and I runs it again."""
     stage = stages[chunk]
     with record("forward", micro_batch, chunk), torch.set_grad_enabled(not args.recompute):
         return forward_pass(stage, input_tensor, inputs, labels)
 
 
-def backward_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels, chunk=0):
-    """B: backpropagate to this stage's input and to each Linear's output, not to the weights;
+def input_grad_step(micro_batch, input_tensor, output_tensor, grad_output, linears, inputs, labels, chunk=0):
+    """I: backpropagate to this stage's input and to each Linear's output, not to the weights;
     return the gradient for the previous stage, and what W needs."""
     stage = stages[chunk]
     with record("backward", micro_batch, chunk):
-        if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
+        if args.recompute:  # the forward again, from the stage's input: its activations live for this I only
             output_tensor = forward_pass(stage, input_tensor, inputs, labels)
             linears = noted.copy()  # and W's inputs with it, not kept from F: they would keep every activation
             noted.clear()
@@ -104,22 +104,22 @@ def train_step(inputs, labels):
     """The rule's order, each tensor sent the moment it is made and waited for when it is used."""
     micro_batches = list(zip(inputs.tensor_split(args.micro_batches), labels.tensor_split(args.micro_batches)))
     shapes = [micro_inputs.shape for micro_inputs, _ in micro_batches]  # what each receive expects
-    input_tensors, output_tensors, losses = {}, {}, []  # by (chunk, micro-batch), stashed for backward
-    linear_notes, weight_works = {}, {}  # by (chunk, micro-batch), stashed for B, then for W
+    input_tensors, output_tensors, losses = {}, {}, []  # by (chunk, micro-batch), stashed for I
+    linear_notes, weight_works = {}, {}  # by (chunk, micro-batch), stashed for I, then for W
 
     def forward(chunk, i, input_tensor):
         output_tensor = forward_step(i, chunk, input_tensor, *micro_batches[i])
         input_tensors[chunk, i] = input_tensor
-        output_tensors[chunk, i] = None if args.recompute else output_tensor  # --recompute: backward makes it again
+        output_tensors[chunk, i] = None if args.recompute else output_tensor  # --recompute: I makes it again
         linear_notes[chunk, i] = noted.copy()  # what the hooks noted during this forward
         noted.clear()
         if stages[chunk].is_last:
             losses.append(output_tensor.detach())
         return output_tensor
 
-    def backward(chunk, i, grad_output):
-        grad_input, weight_work = backward_step(i, input_tensors.pop((chunk, i)), output_tensors.pop((chunk, i)),
-                                                grad_output, linear_notes.pop((chunk, i)), *micro_batches[i], chunk)
+    def input_grad(chunk, i, grad_output):
+        grad_input, weight_work = input_grad_step(i, input_tensors.pop((chunk, i)), output_tensors.pop((chunk, i)),
+                                                  grad_output, linear_notes.pop((chunk, i)), *micro_batches[i], chunk)
         weight_works[chunk, i] = weight_work
         return grad_input
 
@@ -140,10 +140,10 @@ def train_step(inputs, labels):
         elif kind:
             recv = Recv(i, shapes[i], kind != "forward", chunk)
             group = waiting.pop(recv, None)  # None: nothing comes
-            result = (forward if kind == "forward" else backward)(chunk, i, group and group.received(recv))
+            result = (forward if kind == "forward" else input_grad)(chunk, i, group and group.received(recv))
             if (kind, chunk, i) in sent:
                 results[kind, chunk, i] = track(result)
-            if kind in ("full_backward", "overlapped_backward"):  # B and W at once: its W right after its B
+            if kind in ("full_backward", "overlapped_backward"):  # a B: its I, then its W at once
                 weight_step(i, weight_works.pop((chunk, i)), chunk)
         release(*moment.releases)  # their receivers have used them: they surely have them
     wait_for_sends()  # sends return before they are received: all of them must be, before the step ends

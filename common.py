@@ -150,7 +150,8 @@ Recv = collections.namedtuple("Recv", "micro_batch shape is_gradient chunk", def
 
 
 def recv_forward(micro_batch, shape, chunk=0):
-    """The previous stage's activation for this micro-batch (None on the first stage)."""
+    """The previous stage's activation for this micro-batch (None on the first stage). It arrives as a leaf that
+    requires grad (Pending.received), so backward leaves the gradient to send back in its .grad."""
     return post(Recv(micro_batch, shape, False, chunk)).wait()[0]
 
 
@@ -211,12 +212,11 @@ class Pending(collections.namedtuple("Pending", "arrivals")):  # arrivals: Recv 
         return [self.received(recv) for recv in list(self.arrivals)]
 
     def received(self, recv):
-        """Wait for one of the group's Recvs and return its tensor: from here on only the caller holds it. An
-        activation comes back a leaf that requires grad: backward leaves the gradient to send back in its .grad."""
+        """Wait for one of the group's Recvs and return its tensor: from here on only the caller holds it."""
         message = self.arrivals.pop(recv)
         tensor = guarantees.arrive(message)
         if tensor is not None and not recv.is_gradient:
-            tensor.requires_grad_()
+            tensor.requires_grad_()  # an activation: backward leaves the gradient to send back in its .grad
         return tensor
 
 
