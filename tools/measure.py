@@ -1,5 +1,6 @@
 """Rerun every measured table and picture that the README and docs/ show, one run at a time, and
-write docs/measured.md and docs/img/*.svg. Run it on an otherwise idle machine.
+write docs/measured.md, docs/img/*.svg and the tables between markers in the files of MARKED. Run it on an
+otherwise idle machine.
 
     python tools/measure.py                                # about 14 minutes on 2 cores
     python tools/measure.py --quick --out /tmp/rehearsal   # every run at its smallest, one round: a rehearsal
@@ -43,6 +44,7 @@ PP_DP = "--layers 7 --hidden 24 --steps 8 --threads 1 --lr 0.01 --dtype float64 
 SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS = 4, 4, 3
 HEAVY = "--layers 16 --hidden 1024 --classes 16384 --batch-size 256 --micro-batches 8 --steps 6"  # a heavy head
 HEAVY_ROUNDS = 3
+README_PACED = PACED.replace("--hidden 64", "--hidden 1024")  # the README's pacing example: a head 10/1024 of a block
 if args.quick:
     PACED = "--layers 8 --hidden 16 --batch-size 16 --steps 2 --pace 10"
     MEMORY = MEMORY.replace("--steps 3", "--steps 2")
@@ -51,11 +53,12 @@ if args.quick:
     PP_DP = PP_DP.replace("--steps 8", "--steps 2").replace("--pace 30", "--pace 10")
     HEAVY = "--layers 4 --hidden 32 --classes 512 --batch-size 16 --micro-batches 4 --steps 3"
     SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = HEAVY_ROUNDS = 1
+    README_PACED = PACED
     args.recompute_rounds = min(args.recompute_rounds, 1)
 
 started = time.time()
 git = lambda *command: subprocess.run(["git", *command], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
-# the code the figures come from, read before this run rewrites its own outputs (docs/img/, the README's table)
+# the code the figures come from, read before this run rewrites its own outputs (docs/img/, the tables between markers)
 commit, dirty = git("rev-parse", "--short", "HEAD"), " (with uncommitted changes)" * bool(git("status", "--porcelain",
                                                                                              "--untracked-files=no"))
 commands = []  # what ran, as a reader would type it, for the section being measured
@@ -112,8 +115,11 @@ def gradient_hop(trace, sender, receiver):
 
 
 out = []  # the sections of measured.md, in order
-readme_blocks = {}  # the README's tables, by the name between their markers
-design_blocks = {}  # docs/design.md's, the same way
+# Each file's tables between markers, <!-- from measure.py: NAME --> ... <!-- end of measure.py's NAME -->, by name;
+# tests/test_docs.py reads this mapping and checks that every file has the markers of its names, and no others.
+MARKED = {"README.md": ["paced"], "docs/design.md": ["partition", "schedules", "recompute"],
+          "docs/planning.md": ["plan", "paper", "dualpipe"]}
+marked_tables = {}  # NAME -> its table (or lines), as measured in this run
 
 # (1) Paced: every computation padded to the pace, four ranks, the pictures drawn by --svg.
 rows, paced = [], {}
@@ -129,6 +135,9 @@ for name, script, flags, m in [
     rows.append([name, m, f"{s['bubble_busiest']:.3f}", f"{s['bubble_theory']:.3f}",
                  f"{s['bubble_busiest'] - s['bubble_theory']:+.3f}", s["paced_overruns"],
                  per_rank(s["sends_before_receive"])])
+s = run("03_1f1b.py", 4, f"{README_PACED} --micro-batches 8")  # the README's pacing example, at the default width
+readme_paced = f"the busiest rank's bubble {s['bubble_busiest']:.3f}, its theory {s['bubble_theory']:.3f}"
+marked_tables["paced"] = f"Measured by `tools/measure.py` (the command above, {s['steps']} steps): {readme_paced}."
 out.append(f"""## Paced: each schedule alone
 
 Four ranks, every computation padded to the pace by sleeping, one run each; the pictures
@@ -138,7 +147,10 @@ measured steps (all but the first); overruns are computations that took longer t
 {ran()}
 
 {table(["script", "m", "busiest rank's bubble", "theory", "excess", "overruns",
-        "sends before their receive, per rank"], rows)}""")
+        "sends before their receive, per rank"], rows)}
+
+The last command is the README's pacing example, 03 at the default width, where the head is 10/1024 of a
+block: {readme_paced}.""")
 
 # (2) Memory at a small size: exact, whatever the timing.
 unit = 2 * 24 * 8  # one micro-batch: 16 / 8 rows x 24, float64
@@ -159,11 +171,11 @@ unit is one micro-batch's `2 x 24` float64 tensor, {unit} bytes.
 
 {ran()}
 
-{table(["script", "in flight, ranks 0-3", "theory", "activations (B)", "held (B)", "held (units)",
+{table(["script", "in flight, ranks 0-3", "theory", "activations (bytes)", "held (bytes)", "held (units)",
         "largest held / 03's"], rows)}""")
 
 # (2b) --recompute: the same runs with the flag, each rank's held bytes beside the theory (tools/held.py).
-rows, readme_held = [], {}  # readme_held: name -> flag -> held, ranks 0-3, for the README's table
+rows, held_by_flag = [], {}  # held_by_flag: name -> flag -> held, ranks 0-3, for docs/design.md's table
 for name, script in [("02 GPipe", "02_gpipe"), ("03 1F1B", "03_1f1b"), ("05 ZB-H1", "05_zero_bubble"),
                      ("06 ZB-V", "06_zbv")]:
     blocks = 16 // 4 // (2 if script == "06_zbv" else 1)  # a stage's, or a chunk's, at 16 layers on 4 ranks
@@ -173,7 +185,7 @@ for name, script in [("02 GPipe", "02_gpipe"), ("03 1F1B", "03_1f1b"), ("05 ZB-H
         else:
             theory = held_theory(f"{script}.py", 4, 8, blocks, 2, 24, recompute=flag == "on")
         held_units = "  ".join(f"{round(held / unit, 1):g}" for held in s["peak_held_bytes"])
-        readme_held.setdefault(name, {})[flag] = held_units
+        held_by_flag.setdefault(name, {})[flag] = held_units
         rows.append([name, flag, per_rank(f"{held / unit:.2f}" for held in s["peak_held_bytes"]),
                      per_rank(f"{units:.2f}" for units in theory),
                      per_rank(f"{saved / unit:.2f}" for saved in s["peak_activation_bytes"]),
@@ -183,8 +195,8 @@ out.append(f"""## --recompute: memory at the small size
 The runs of "Memory at a small size", and the same with `--recompute`, in units of one micro-batch's
 `2 x 24` float64 tensor: each rank's peak held bytes beside the theory (docs/design.md,
 *Recomputation*; `tools/held.py`'s `held_theory`, which the tests hold every rank to), and the peak of what
-autograd saves. With the flag a micro-batch keeps only its stage's input from F to B, and autograd
-saves one micro-batch's activations at a time, in its B.
+autograd saves. With the flag a micro-batch keeps only its stage's input from F to its backward (B, or I in 05 and
+06), and autograd saves one micro-batch's activations at a time, in that backward.
 
 {ran()}
 
@@ -192,7 +204,7 @@ saves one micro-batch's activations at a time, in its B.
        rows)}""")
 
 # (2c) A schedule is a table: 09 runs every table of schedules.py, paced, and at the memory size, n = 4, m = 8.
-rows, readme_rows = [], []
+rows, table_rows = [], []
 for name in schedules.SCHEDULES:
     svg = f" --svg {os.path.join(args.out, 'docs', 'img', '09_dualpipev.svg')}" * (name == "dualpipev")
     s = run("09_any_schedule.py", 4, f"{PACED} --micro-batches 8 --schedule {name}{svg}")
@@ -203,23 +215,23 @@ for name in schedules.SCHEDULES:
                  per_rank(held["peak_inflight_microbatches"]),
                  per_rank(f"{held_bytes / unit:.2f}" for held_bytes in held["peak_held_bytes"]),
                  f"{largest / max(memory['06_zbv']['peak_held_bytes']):.2f}"])
-    readme_rows.append(f"| `{name}` | {s['bubble_theory']:.3f} | {s['bubble_busiest']:.3f} | {largest / unit:.1f} "
+    table_rows.append(f"| `{name}` | {s['bubble_theory']:.3f} | {s['bubble_busiest']:.3f} | {largest / unit:.1f} "
                        f"| {largest / max(memory['06_zbv']['peak_held_bytes']):.2f} |")
 out.append(f"""## A schedule is a table: 09
 
 09 runs each table of `schedules.py` on four ranks, m = 8: paced at the size of "Paced: each schedule
-alone" (the bubble beside its table's replay, F, B and W one unit, a full backward two), and at the
+alone" (the bubble beside its table's replay, F, I and W one unit, a full backward two), and at the
 memory size (held bytes in units of one micro-batch's `2 x 24` float64 tensor; the largest beside 06's).
 
 {ran()}
 
 {table(["schedule", "chunks a rank", "busiest rank's bubble", "theory", "excess", "overruns",
         "in flight, ranks 0-3", "held (units), ranks 0-3", "largest held / 06's"], rows)}""")
-readme_blocks["schedules"] = "\n".join(["| n = 4, m = 8 | bubble, theory | bubble, paced | largest held (units) | "
-                                        "largest held / 06's |", "|---|---|---|---|---|"] + readme_rows)
+marked_tables["schedules"] = "\n".join(["| n = 4, m = 8 | bubble, theory | bubble, paced | largest held (units) | "
+                                         "largest held / 06's |", "|---|---|---|---|---|"] + table_rows)
 
-# (2d) Planning at scale: tools/plan.py, every schedule and the search, m = 4n, F : B : W = 1 : 2 : 1, no processes.
-plan_rows, by_schedule = [], {}  # by_schedule: name -> its README cells, n by n
+# (2d) Planning at scale: tools/plan.py, every schedule and the search, m = 4n, F : I : W = 1 : 2 : 1, no processes.
+plan_rows, by_schedule = [], {}  # by_schedule: name -> its cells in docs/planning.md, n by n
 for stages in (8, 32, 64):
     command = [sys.executable, "tools/plan.py", "--stages", str(stages), "--micro-batches", str(4 * stages),
                "--costs", "1,2,1", "--json"]
@@ -236,9 +248,9 @@ for stages in (8, 32, 64):
         by_schedule.setdefault(row["schedule"], []).append(f"{row['bubble']:.3f} | {peak:.4g}")
 out.append(f"""## Planning at scale: tools/plan.py
 
-Every schedule of `schedules.py` and the search, replayed at a stage's F : B : W = 1 : 2 : 1 with free
+Every schedule of `schedules.py` and the search, replayed at a stage's F : I : W = 1 : 2 : 1 with free
 messages, m = 4n, sorted by step: the step in those units, the busiest rank's bubble, the largest rank's and rank
-0's peak activations (micro-batches of a stage), at the share of a micro-batch that a B leaves for its W (plan.py's
+0's peak activations (micro-batches of a stage), at the share of a micro-batch that an I leaves for its W (plan.py's
 default `--weight-memory`: this MLP's, 2L / (L + 1) at the default 16 layers' L blocks a stage, one at least), the
 most tensors a rank sends, and the seconds plan.py took.
 
@@ -246,8 +258,8 @@ most tensors a rank sends, and the seconds plan.py took.
 
 {table(["n", "m", "schedule", "placement", "chunks", "step", "bubble", "peak", "rank 0", "W's share", "messages",
         "plan.py (s)"], plan_rows)}""")
-readme_blocks["plan"] = "\n".join(
-    ["| m = 4n, F : B : W = 1 : 2 : 1 | n = 8: bubble | peak | n = 32: bubble | peak | n = 64: bubble | peak |",
+marked_tables["plan"] = "\n".join(
+    ["| m = 4n, F : I : W = 1 : 2 : 1 | n = 8: bubble | peak | n = 32: bubble | peak | n = 64: bubble | peak |",
      "|---|---|---|---|---|---|---|"] + [f"| `{name}` | {' | '.join(cells)} |" for name, cells in by_schedule.items()])
 
 # (2e) The planner against the published tables, pure replay: the zero-bubble paper's 12 settings (tools/paper.py),
@@ -281,16 +293,16 @@ paper_table = table(["p", "m", "h", "1F1B: paper", "replay", "ZB-H1: paper", "re
                      "ZB-2p: paper", "search, 2p", "plan.py (s)"], paper_rows)
 paper_line = (f"At memory 2p the search is below the paper's ZB-2p on {below} of the {len(paper.ROWS)} rows and "
               f"equal to it, to 4 decimals, on the rest.")
-readme_blocks["paper"] = "\n".join(
+marked_tables["paper"] = "\n".join(
     ["| p, m, h | ZB-1p (paper) | search, memory p | ZB-2p (paper) | search, memory 2p |", "|---|---|---|---|---|"]
     + [f"| {p}, {m}, {h} | {cells[4]} | {cells[5]} | {cells[6]} | {cells[7]} |" for p, m, h, *cells in paper_rows]
     + ["", paper_line])
 out.append(f"""## The planner against the zero-bubble paper
 
-The paper's Table 9 settings (p stages, m micro-batches, its measured T_F, T_B, T_W, T_comm in microseconds, the
-model's h; `tools/paper.py`) replayed by tools/plan.py on the loop at one chunk a rank, each rate its bubble rate
+The paper's Table 9 settings (p stages, m micro-batches, its measured T_F, T_B (our I), T_W, T_comm in microseconds,
+the model's h; `tools/paper.py`) replayed by tools/plan.py on the loop at one chunk a rank, each rate its bubble rate
 (`bubble_window`: 1 - a rank's work over the longest rank's window), beside the paper's Table 5: 1F1B's and ZB-H1's
-fixed tables, then the search at memory p and 2p micro-batches of M_B, a B leaving M_W / M_B = 32h / (34h + 5as)
+fixed tables, then the search at memory p and 2p micro-batches of M_B, an I leaving M_W / M_B = 32h / (34h + 5as)
 (s = 1024) for its W, judged by the window (`--objective window`). {paper_line} The last column is plan.py's
 longer run of the two. The commands are the first row's; the others differ in their settings.
 
@@ -311,7 +323,7 @@ for forward, backward, weight in ((1, 1, 1), (1, 2, 1), (1, 1, 2)):
                                   f"{idle:g}", f"{formula:g}", f"{formula - idle:+g}"])
 dualpipe_table = table(["a chunk's F : I : W", "overlap", "n", "m", "replay's idle", "DeepSeek's formula",
                         "formula - replay"], dualpipe_rows)
-design_blocks["dualpipe"] = dualpipe_table
+marked_tables["dualpipe"] = dualpipe_table
 out.append(f"""## DualPipeV: DeepSeek's formula beside the replay
 
 DeepSeek-V3's Table 2 gives DualPipe's bubble as (PP/2 - 1)(F&B + B - 3W), F a forward chunk, B a full backward
@@ -352,13 +364,12 @@ slow minute of the machine falls on all of them. The step is the run's median st
 out), then the median over the rounds; the ratio is the median over the rounds of the step over
 that round's 03. Bubbles are the busiest rank's, medians over the rounds; "at its costs" replays
 the schedule's order at the run's own mean span times with free messages, and the excess over it
-is what messages and shared cores cost. Spans are the mean forward / backward / W, in ms.
+is what messages and shared cores cost. Spans are the mean F / B (I where it is split) / W, in ms.
 
 {ran()}
 
-{table(["", "step (ms)", "step / 03's", "each round (ms)", "busiest rank's bubble", "theory",
-        "theory at its costs", "excess", "spans F / B / W (ms)", "sends before their receive, a step (rank 0 / 1)"],
-       rows)}""")
+{table(["", "step (ms)", "step / 03's", "each round (ms)", "busiest rank's bubble", "theory", "theory at its costs",
+        "excess", "spans F / B or I / W (ms)", "sends before their receive, a step (rank 0 / 1)"], rows)}""")
 
 # (3b) --recompute's price in time: 03 on two ranks at the default size, without and with it, round by round.
 if args.recompute_rounds:
@@ -368,7 +379,7 @@ if args.recompute_rounds:
                 for flag in ("", "--recompute")[::1 - 2 * (round_ % 2)]}
         rounds.append((pair[""], pair["--recompute"]))
     ratios = [recomputed["step_ms_median"] / plain["step_ms_median"] for plain, recomputed in rounds]
-    readme_ratio = (f"{median(ratios):.2f} of its step without, the median of {len(rounds)} alternating rounds at 2 "
+    ratio_sentence = (f"{median(ratios):.2f} of its step without, the median of {len(rounds)} alternating rounds at 2 "
                     f"ranks and the default size (from {min(ratios):.2f} to {max(ratios):.2f})")
     spans = lambda s: f"{s['span_ms']['forward']:.1f} / {s['span_ms']['backward']:.1f}"  # noqa: E731
     rows = [[number + 1, f"{plain['step_ms_median']:.1f}", f"{recomputed['step_ms_median']:.1f}", f"{ratio:.3f}",
@@ -448,7 +459,7 @@ micro-batch, in the traces.
         "last stage's all-reduce (ms)", "rounds within the first stage's sum", "rounds with the last stage's hidden",
         "gradient's hop, 07 / 03 (ms)"], rows)}""")
 
-# (7) 08's bytes a step, from its paced run in (1): exact, whatever the timing, beside the README's formulas.
+# (7) 08's bytes a step, from its paced run in (1): exact, whatever the timing, beside docs/design.md's formulas.
 s, (layers, hidden, batch) = paced["08_3d"], (int(value) for value in PACED.split()[1:6:2])
 stages, shards, m, element = s["world_size"] // s["tensor_parallel"], s["tensor_parallel"], s["num_microbatches"], 4
 rows = []
@@ -468,9 +479,9 @@ out.append(f"""## 08: the bytes of the third axis
 {hidden}): per rank and step, the bytes it sent to the next and the previous stage (each shard sends the whole
 activation and the whole gradient), the shards' all-reduces and gathers and the bytes of the tensors they
 made, the ms spent in them (within the padded F and B), and the rank's parameter bytes, each measured / the
-README's formula.
+formula of docs/design.md, *Tensor parallelism inside each stage*.
 
-{table(["rank", "stage", "shard", "sent (B)", "TP collectives", "TP bytes", "TP ms", "parameter bytes"], rows)}""")
+{table(["rank", "stage", "shard", "sent (bytes)", "TP collectives", "TP bytes", "TP ms", "parameter bytes"], rows)}""")
 
 # (8) Stages that cost what they hold: a heavy head on 2 ranks, --partition even against balanced, round by round,
 # beside tools/plan.py's predicted ratio at the same counted costs.
@@ -501,7 +512,7 @@ for script, flags, name in HEAVY_RUNS:
                  f"{measured / predicted - 1:+.1%}", per_rank(f"{b / a:.3f}" for a, b in zip(*steps.values()))])
 heavy_table = table(["2 ranks", "even", "balanced", "step even (ms)", "step balanced (ms)", "balanced / even",
                      "plan.py's", "measured over predicted", "each round"], rows)
-readme_blocks["partition"] = heavy_table
+marked_tables["partition"] = heavy_table
 out.append(f"""## Stages that cost what they hold: a heavy head
 
 On two ranks, `{HEAVY}`: the head is a {model_flags['--hidden']} x {model_flags['--classes']} matrix,
@@ -534,16 +545,16 @@ Step times on shared cores vary from run to run (see each round's below): compar
 this file, and medians rather than single runs. In-flight counts and bytes are exact."""
 with open(os.path.join(args.out, "docs", "measured.md"), "w") as file:
     file.write("\n\n".join([header] + out) + "\n")
-readme_blocks["recompute"] = "\n".join(
+marked_tables["recompute"] = "\n".join(
     ["| 4 ranks, m = 8, 16 layers: held, ranks 0-3 | without | with `--recompute` |", "|---|---|---|"]
-    + [f"| {name} | {held['off']} | {held['on']} |" for name, held in readme_held.items()]
-    + ["", f"03's step with `--recompute` costs {readme_ratio}." if args.recompute_rounds else ""])
-if not args.quick:  # the README's and docs/design.md's tables, each between its two markers
-    for path, blocks in (("README.md", readme_blocks), (os.path.join("docs", "design.md"), design_blocks)):
+    + [f"| {name} | {held['off']} | {held['on']} |" for name, held in held_by_flag.items()]
+    + ["", f"03's step with `--recompute` costs {ratio_sentence}." if args.recompute_rounds else ""])
+if not args.quick:  # each file's tables of MARKED, each between its two markers
+    for path, names in MARKED.items():
         text = open(os.path.join(ROOT, path)).read()
-        for name, block in blocks.items():
+        for name in names:
             begin, end = f"<!-- from measure.py: {name} -->\n", f"<!-- end of measure.py's {name} -->"
-            text = text[:text.index(begin) + len(begin)] + block + "\n" + text[text.index(end):]
+            text = text[:text.index(begin) + len(begin)] + marked_tables[name] + "\n" + text[text.index(end):]
         with open(os.path.join(args.out, path), "w") as file:
             file.write(text)
 print(f"wrote {os.path.join(args.out, 'docs', 'measured.md')} and {os.path.join(args.out, 'docs', 'img')} "
