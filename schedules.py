@@ -31,7 +31,7 @@ def check_counts(num_ranks, num_microbatches, num_chunks=1):
 
 def split(order, weight_delay):
     """order with each full (or overlapped) backward split: I in its place, and its W after the weight_delay-th
-    backward that follows (those left over at the end), in the slots where the pipeline would otherwise wait."""
+    I that follows (those left over at the end), in the slots where the pipeline would otherwise wait."""
     split, waiting = [], []  # W's still to run, oldest first
     for kind, chunk, micro_batch in order:
         full = kind in ("full_backward", "overlapped_backward")
@@ -45,7 +45,7 @@ def split(order, weight_delay):
 
 def _with_micro_batches(order, num_microbatches):
     """Give each (kind, chunk) of a V schedule its micro-batch: the k-th forward of a chunk is micro-batch k, and
-    so is its k-th backward, split or full; a W runs the oldest split backward of its chunk (of any chunk if None)
+    so is its k-th I or B; a W runs the oldest I of its chunk (of any chunk if None)
     still without one, as DeepSeek's WeightGradStore does. Entries past num_microbatches are holes, left out."""
     counts, waiting, numbered = {}, [], []
     for kind, chunk in order:
@@ -54,7 +54,7 @@ def _with_micro_batches(order, num_microbatches):
             numbered.append(weight)
             waiting.remove(weight)
             continue
-        key = kind == "forward", chunk  # a split and a full backward share one count
+        key = kind == "forward", chunk  # an I and a B (full or overlapped) share one count
         micro_batch = counts[key] = counts.get(key, -1) + 1
         numbered.append((kind, chunk, micro_batch))
         if kind == "backward":
@@ -127,7 +127,7 @@ def interleaved_1f1b(num_ranks, num_microbatches, num_chunks):
 
 
 def zb_h1(num_ranks, num_microbatches):
-    """05: 1F1B with each backward split, its W run r backwards later on rank r."""
+    """05: 1F1B with each B split into I and W, its W run r I's later on rank r."""
     # stage r's I's end r slots before stage 0's: its W's fill them
     return [split(order, rank) for rank, order in enumerate(one_f_one_b(num_ranks, num_microbatches))]
 
@@ -147,7 +147,7 @@ def zbv(num_ranks, num_microbatches):
             another = forwards0 < num_microbatches_needed  # chunk 0 has micro-batches left
             order += [F0] * another + [I0, W0, F1, I1, W1]
             forwards0, forwards1 = forwards0 + another, forwards1 + 1
-        # Cool-down: the backwards left, W's deferred into the slots where the pipeline drains.
+        # Cool-down: the I's left, W's deferred into the slots where the pipeline drains.
         order += [I0, I1] * rank + [I0, W0] * (num_ranks - rank)
         order += [W1] * (order.count(I1) - order.count(W1)) + [W0] * (order.count(I0) - order.count(W0))
         tables.append(_with_micro_batches(order, num_microbatches))
@@ -155,7 +155,8 @@ def zbv(num_ranks, num_microbatches):
 
 
 def dualpipev(num_ranks, num_microbatches):
-    """DeepSeek's DualPipeV (PyTorch's ScheduleDualPipeV), two chunks placed as a V, in the paper's eight phases.
+    """DeepSeek's DualPipeV (PyTorch's ScheduleDualPipeV), two chunks placed as a V, in the paper's eight phases
+    (named as DeepSeek's code names them, its B an I where a W follows).
     An overlapped F&B step (O) is its forward, then an "overlapped_backward": a full backward that receives its
     gradient before the forward begins and sends its result with the forward's. PyTorch needs m >= 2n; fewer: holes."""
     check_counts(num_ranks, num_microbatches)
@@ -177,7 +178,7 @@ def dualpipev(num_ranks, num_microbatches):
             order[2 * n:2 * n + 2] = [F0, B1]
         order += [B1, F1, O0] * (n - rank - 1)  # nB1F1B0: chunk 0's forwards are done
         order += ([B1, B0] * (rank + 1))[:rank + 1] + ([I1, I0] * (rank + 1))[rank + 1:]  # nB1B0: the second half split
-        order += [W, I0] * (n - rank - 1)  # nWB0: a W in each wait for the next B0
+        order += [W, I0] * (n - rank - 1)  # nWB0: a W in each wait for the next I0
         order += [W] * (rank + 1)  # nW: the W's left
         tables.append(_with_micro_batches(order, num_microbatches))
     return tables
@@ -194,7 +195,7 @@ def looped_bfs(num_ranks, num_microbatches, num_chunks):
 
 def interleaved_zero_bubble(num_ranks, num_microbatches, num_chunks):
     """PyTorch's ScheduleInterleavedZeroBubble (ZB1P): interleaved 1F1B in PyTorch's rounds, one warm-up forward
-    per hop to the last rank, not two, and each backward split, its W run r backwards later. Loop placement."""
+    per hop to the last rank, not two, and each B split into I and W, its W run r I's later. Loop placement."""
     check_counts(num_ranks, num_microbatches, num_chunks)
     # PyTorch's microbatches_per_round; where it does not divide m (PyTorch refuses those m), holes
     group_size = num_microbatches // max(1, num_microbatches // num_ranks)

@@ -63,8 +63,8 @@ def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0, overlap=1
     """When each computation starts and ends if every rank runs its table of (kind, chunk, micro_batch) in order,
     a computation takes cost[kind] (or cost[stage][kind], a list of each stage's) and a tensor from another rank
     `message` more: a forward waits for the previous
-    stage's, a backward (split, full or overlapped) for the next stage's (the last stage's for its own forward), a
-    weight gradient for its B. A forward and the overlapped backward after it are one step: it begins once both
+    stage's, an I or a full backward (plain or overlapped) for the next stage's (the last stage's for its own
+    forward), a W for its I. A forward and the overlapped backward after it are one step: it begins once both
     inputs are in, lasts `overlap` of its two parts (1: one after the other; least_overlap: the most they can hide
     in each other), and both results leave at its end. stage_of(rank, chunk) places the chunks.
     Returns {(kind, stage, micro_batch): (start, when its result is out)}; one that cannot run (nor any after it
@@ -80,7 +80,7 @@ def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0, overlap=1
             needed = "forward", stage - 1, micro_batch
         elif kind == "weight":
             needed = "backward", stage, micro_batch
-        else:  # a backward: the next stage's, or on the last stage its own forward
+        else:  # an I or a B: the next stage's, or on the last stage its own forward
             needed = ("backward", stage + 1, micro_batch) if stage < num_stages - 1 else ("forward", stage, micro_batch)
         if needed[1] < 0:  # the data
             return 0.0
@@ -253,10 +253,11 @@ def _splits(num_layers, num_stages):
 
 def peak_inflight(tables, weight_memory=1):
     """Each rank's most (chunk, micro_batch) pairs alive at once, counted over its table: +1 at a forward,
-    -1 at its full backward, or at its W where the table splits the backward (at its B if no W follows).
-    weight_memory: the share of a pair that its B leaves held until its W (the zero-bubble paper's M_W / M_B; 1,
-    the whole pair, unless given): a B lets go of the rest. Above 1 (this MLP's: tools/held.py, weight_share) a
-    B adds to what its F held, and a full backward, its B then its W as 09 runs it, holds that much a moment."""
+    -1 at its full backward, or at its W where the table splits the backward (at its I if no W follows).
+    weight_memory: the share of a pair that its I leaves held until its W (M_W / M_B in the zero-bubble paper,
+    which calls I 'B'; 1, the whole pair, unless given): an I lets go of the rest. Above 1 (this MLP's:
+    tools/held.py, weight_share) an I adds to what its F held, and a full backward, its I then its W as 09 runs
+    it, holds that much a moment."""
     peaks = []
     for table in tables:
         weights = {(chunk, micro_batch) for kind, chunk, micro_batch in table if kind == "weight"}
@@ -268,7 +269,7 @@ def peak_inflight(tables, weight_memory=1):
                 alive -= weight_memory
             elif kind == "backward" and (chunk, micro_batch) in weights:  # its W keeps weight_memory of it
                 alive -= 1 - weight_memory
-            else:  # its last backward computation: a moment at its B's count, then nothing held
+            else:  # a full backward, or an I that no W follows: a moment with what an I adds, then nothing
                 peak = max(peak, alive + max(0, weight_memory - 1))
                 alive -= 1
             peak = max(peak, alive)
@@ -287,18 +288,18 @@ def gpipe_bubble(n, m):
 
 
 def zb_h1_bubble(n, m):
-    """05, equal F, B and W: rank 0 waits 2n - 1 units for its first B; W's fill the rest (README, *Zero bubble*)."""
+    """05, equal F, I and W: rank 0 waits 2n - 1 units for its first I; W's fill the rest (README, *Zero bubble*)."""
     return 1 - 3 * m / max(3 * m + n - 1, 2 * m + 2 * n - 1)
 
 
 def zbv_bubble(n, m):
-    """06, equal F, B and W: every rank computes 6m units of a span of 6m + n - 1, or, with too few
+    """06, equal F, I and W: every rank computes 6m units of a span of 6m + n - 1, or, with too few
     micro-batches to fill the V, of 4m + 4n - 2."""
     return 1 - 6 * m / max(6 * m + n - 1, 4 * m + 4 * n - 2)
 
 
 def one_f_one_b_inflight(n, m, rank):
-    """03, 07 and 08 (05 from F to W): stage r runs n - r forwards before its first backward frees one."""
+    """03, 07 and 08 (05 from F to I): stage r runs n - r forwards before its first backward frees one."""
     return min(n - rank, m)
 
 
@@ -311,11 +312,11 @@ def interleaved_inflight(n, m, v, rank):
 
 
 def zb_h1_inflight(n, m):
-    """05, from F to W: 1F1B's n - r from F to B, and r W's deferred."""
+    """05, from F to W: 1F1B's n - r from F to I, and r W's deferred."""
     return min(n, m)
 
 
 def zbv_inflight(n, m, rank):
-    """06: at rank's first chunk-1 backward, the chunk-0 forwards of its warm-up (2n - r - 1) and the chunk-1
-    forwards before that backward (r + 1), fewer if m is smaller."""
+    """06: at rank's first chunk-1 I, the chunk-0 forwards of its warm-up (2n - r - 1) and the chunk-1
+    forwards before that I (r + 1), fewer if m is smaller."""
     return min(2 * n - rank - 1, m) + min(rank + 1, m)

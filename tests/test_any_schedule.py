@@ -120,9 +120,9 @@ def test_held_bytes_are_the_tables_count(runs, name):
 
 
 def holding(micro_batches, weights_at_once):
-    """Two ranks' tables that run their F's first: then rank 1 each B and its W, and rank 0 the same
-    (weights_at_once), so that its peak holds its micro-batches as their F's leave them, or all its B's and then
-    its W's, so that its peak holds them as their B's do."""
+    """Two ranks' tables that run their F's first: then rank 1 each I and its W, and rank 0 the same
+    (weights_at_once), so that its peak holds its micro-batches as their F's leave them, or all its I's and then
+    its W's, so that its peak holds them as their I's do."""
     forwards = [("forward", 0, i) for i in range(micro_batches)]
     at_once = [step for i in range(micro_batches) for step in (("backward", 0, i), ("weight", 0, i))]
     later = [("backward", 0, i) for i in range(micro_batches)] + [("weight", 0, i) for i in range(micro_batches)]
@@ -131,10 +131,11 @@ def holding(micro_batches, weights_at_once):
 
 @pytest.mark.parametrize("blocks", [3])
 def test_weight_memory_is_what_a_run_holds(runs, tmp_path_factory, blocks):
-    """This MLP's share of a micro-batch that its B leaves for its W (the zero-bubble paper's M_W / M_B), measured
-    in real runs of 09 on two ranks of `blocks` blocks: what rank 0's peak held bytes gain for each more micro-batch
-    held as F leaves it, and as B does (from 4 micro-batches to 8, of 2 rows each, the rest of the peak cancels), one
-    over the other. It is tools/held.py's weight_share, tools/plan.py's default --weight-memory for that model."""
+    """This MLP's share of a micro-batch that its I leaves for its W (M_W / M_B in the zero-bubble paper, which calls
+    I 'B'), measured in real runs of 09 on two ranks of `blocks` blocks: what rank 0's peak held bytes gain for each
+    more micro-batch held as F leaves it, and as I does (from 4 micro-batches to 8, of 2 rows each, the rest of the
+    peak cancels), one over the other. It is tools/held.py's weight_share, tools/plan.py's default --weight-memory
+    for that model."""
     folder, unit = tmp_path_factory.mktemp("holding"), 2 * 24 * 8  # 2 rows of 24 float64
     size = ("--layers", str(2 * blocks), "--hidden", "24", "--steps", "2", "--threads", "1", "--dtype", "float64")
     growth = {}
@@ -187,7 +188,7 @@ def paced(runs, again, name, expected=None, *flags):
 
 
 # the search's tables as tools/plan.py saves them for PACED's model: within 1F1B's memory, and within less than it,
-# a B leaving 0.3 of its micro-batch for its W
+# an I leaving 0.3 of its micro-batch for its W
 PACED_PLANS = {"search": (), "search-sharing": ("--memory", "2.5", "--weight-memory", "0.3", "--virtual-stages", "1")}
 
 
@@ -249,7 +250,7 @@ def test_plan_is_what_runs(runs, again, saved):
 
 # (world size, micro-batches, layers, plan.py's flags, 09's): the search's tables, saved by tools/plan.py and run by
 # 09, at memories from 1F1B's (the default) to 2n, costs that favour either placement, --sync-sends at every other;
-# then below 1F1B's memory where a B leaves a share of its micro-batch for its W, and judged by the window.
+# then below 1F1B's memory where an I leaves a share of its micro-batch for its W, and judged by the window.
 SEARCHES = [(2, 3, 7, (), ()), (3, 6, 7, ("--memory", "6"), SYNC), (4, 8, 9, ("--costs", "1,2,1", "--memory", "8"), ()),
             (4, 7, 9, ("--costs", "1,3,1"), SYNC), (3, 4, 7, ("--costs", "2,2,1,0.5", "--memory", "2"), ()),
             (3, 6, 7, ("--virtual-stages", "2"), SYNC), (2, 5, 7, ("--virtual-stages", "3", "--costs", "1,2,1"), ()),
@@ -384,7 +385,7 @@ def test_recompute_matches_baseline_and_holds_its_count(runs, name, world, micro
 
 
 def test_svg_draws_every_computation(runs, tmp_path):
-    """--svg: DualPipeV on 2 ranks, m = 4: a box per forward, B and W of the last step (a full backward is its B and
+    """--svg: DualPipeV on 2 ranks, m = 4: a box per F, I and W of the last step (a full backward is its I and
     its W), two chunks on each rank, and the theory in its title."""
     path = tmp_path / "dualpipev.svg"
     run = pipelined(runs, SCRIPT, 2, 4, "--schedule", "dualpipev", "--svg", str(path))

@@ -22,7 +22,7 @@ TABLES = {"01_naive.py": lambda n, m, v: schedules.gpipe(n, 1),
 
 def theory(script, n, m, v, layers):
     """The busiest rank's bubble when the script's table is replayed at --pace's spans: each stage's counted cost
-    over the mean stage's (a backward, full or split, is one span in 01-05)."""
+    over the mean stage's (a B, or 05's I, is one span in 01-05)."""
     return paced_theory(TABLES[script](n, m, v), "loop", layers)
 
 

@@ -95,7 +95,7 @@ def test_bubble_window_is_the_papers_rate(n, m):
 
 def test_json_rows_name_every_schedule_and_carry_its_numbers():
     """Every row's fields; 1F1B's peaks at this MLP's share (the default --weight-memory, 16 layers over 4 stages),
-    a moment in each full backward at what its B adds (09 runs it as its B, then its W)."""
+    a moment in each full backward at what its I adds (09 runs it as its I, then its W)."""
     found = rows("--stages", "4", "--micro-batches", "8", "--costs", "1,2,1,0.5", "--memory", "4")
     assert set(found) == {*schedules.SCHEDULES, "search"}  # the names --schedule takes, and the search's
     share = held.weight_share(16 / 4)
@@ -119,7 +119,7 @@ def test_simulate_agrees_with_the_closed_forms():
     assert zbv.peak_inflight == [theory.zbv_inflight(n, m, rank) / 2 for rank in range(n)]
 
 
-COSTS = [(1, 1, 1), (1, 2, 1), (1, 3, 1), (1, 2, 0.5), (2, 3, 1), (1, 1, 2)]  # F, B, W
+COSTS = [(1, 1, 1), (1, 2, 1), (1, 3, 1), (1, 2, 0.5), (2, 3, 1), (1, 1, 2)]  # F, I, W
 
 
 @pytest.mark.parametrize("num_ranks, num_microbatches", [(4, 8), (6, 24), (3, 5), (2, 4), (5, 17), (1, 3)])
@@ -128,14 +128,14 @@ COSTS = [(1, 1, 1), (1, 2, 1), (1, 3, 1), (1, 2, 0.5), (2, 3, 1), (1, 1, 2)]  # 
 def test_the_search_is_no_worse_than_any_table_that_fits_its_memory(num_ranks, num_microbatches, message,
                                                                     placement, num_chunks):
     """At each table's own peak memory, the search's step (so its bubble) is no longer, and it stays within."""
-    for forward, backward, weight in COSTS:
-        cost = costs.stage_costs(forward, backward, weight)
+    for forward, input_grad, weight in COSTS:
+        cost = costs.stage_costs(forward, input_grad, weight)
         for name, rival in rivals(placement, num_chunks, num_ranks, num_microbatches, cost, message).items():
             memory = max(rival.peak_inflight)
             tables = search.search(num_ranks, num_microbatches, placement, cost, memory, message, num_chunks)
             found = simulated(tables, placement, cost, message, num_chunks)
             assert max(found.peak_inflight) <= memory
-            assert found.step <= rival.step + 1e-9, f"{name} at memory {memory}, costs {forward, backward, weight}"
+            assert found.step <= rival.step + 1e-9, f"{name} at memory {memory}, costs {forward, input_grad, weight}"
 
 
 @pytest.mark.parametrize("num_ranks, num_microbatches", [(4, 8), (3, 5), (2, 7), (5, 10), (1, 3)])
@@ -143,8 +143,8 @@ def test_the_search_is_no_worse_than_any_table_that_fits_its_memory(num_ranks, n
 def test_no_table_nor_search_beats_the_least_step(num_ranks, num_microbatches, message):
     """theory.least_step bounds every order from below, on every placement, at the memory the order holds."""
     n, m = num_ranks, num_microbatches
-    for forward, backward, weight in COSTS:
-        cost = costs.stage_costs(forward, backward, weight)
+    for forward, input_grad, weight in COSTS:
+        cost = costs.stage_costs(forward, input_grad, weight)
         for placement, chunks in PLACEMENTS:
             found = list(rivals(placement, chunks, n, m, cost, message).values())
             tables = search.search(n, m, placement, cost, n, message, chunks)
@@ -152,11 +152,11 @@ def test_no_table_nor_search_beats_the_least_step(num_ranks, num_microbatches, m
             for simulation in found:
                 limit = round(max(simulation.peak_inflight) * chunks)  # (chunk, micro_batch) pairs
                 least = costs.least_step(placement, n, chunks, m, cost, message, limit)
-                assert simulation.step >= least - 1e-9, (placement, chunks, forward, backward, weight)
+                assert simulation.step >= least - 1e-9, (placement, chunks, forward, input_grad, weight)
 
 
 def test_zb_h1_reaches_the_least_step_at_equal_costs():
-    """F = B = W, m >= n: ZB-H1's step is the least any order on the loop can take, at any memory: 3m + n - 1."""
+    """F = I = W, m >= n: ZB-H1's step is the least any order on the loop can take, at any memory: 3m + n - 1."""
     for n in range(1, 7):
         for m in range(n, 3 * n + 2):
             step = simulated(schedules.zb_h1(n, m), "loop", theory.UNIT_COSTS).step
@@ -165,7 +165,7 @@ def test_zb_h1_reaches_the_least_step_at_equal_costs():
 
 
 def test_the_least_step_is_reached_where_memory_binds():
-    """B = 2F = 2W on the loop: at 1F1B's memory (n) rank 0 idles until its first B, less the n F's it can run
+    """I = 2F = 2W on the loop: at 1F1B's memory (n) rank 0 idles until its first I, less the n F's it can run
     meanwhile, and both ZB-H1 and the search take exactly the least step; at 2n the search takes the smaller one."""
     cost = costs.stage_costs(1, 2, 1)
     for n in range(2, 8):
@@ -183,7 +183,7 @@ def test_the_least_step_is_reached_where_memory_binds():
     ("--stages", "3", "--micro-batches", "12", "--costs", "1,1,2,0.3", "--memory", "3"),
     ("--stages", "5", "--micro-batches", "9", "--costs", "2,3,1", "--memory", "7")])
 def test_plans_search_row_is_no_slower_than_any_row_within_memory(flags):
-    """Within --memory, or without it 1F1B's (n, and what a B adds at this MLP's share), the search's row is within
+    """Within --memory, or without it 1F1B's (n, and what an I adds at this MLP's share), the search's row is within
     and no slower than any row that is."""
     found = rows(*flags)
     share = found["search"]["weight_memory"]
@@ -207,7 +207,7 @@ def own_bubbles(found, tables, placement, cost):
 
 @pytest.mark.parametrize("num_ranks, num_microbatches", [(4, 8), (8, 32), (3, 12)])
 def test_at_twice_the_memory_the_search_leaves_no_bubble_inside_a_rank(num_ranks, num_microbatches):
-    """Equal F, B and W, memory 2n on the loop (ZB-H2's). Over the pipeline's span ZB-H1 is already the least any
+    """Equal F, I and W, memory 2n on the loop (ZB-H2's). Over the pipeline's span ZB-H1 is already the least any
     order can reach, (n - 1) / (3m + n - 1): the last rank starts n - 1 units late and computes 3m. So is the
     search's. Within each rank's own span, as the zero-bubble paper counts ZB-H2's, the search leaves none, where
     ZB-H1 leaves rank 0 its n - 1 units: at most half of ZB-H1's bubble either way."""
@@ -222,11 +222,11 @@ def test_at_twice_the_memory_the_search_leaves_no_bubble_inside_a_rank(num_ranks
 
 
 @pytest.mark.parametrize("placement, num_chunks", PLACEMENTS)
-@pytest.mark.parametrize("forward, backward, weight, message", [(1, 1, 1, 0), (1, 2, 1, 0), (2, 1, 3, 0.5)])
-def test_search_tables_are_valid_for_any_layout_and_memory(placement, num_chunks, forward, backward, weight,
+@pytest.mark.parametrize("forward, input_grad, weight, message", [(1, 1, 1, 0), (1, 2, 1, 0), (2, 1, 3, 0.5)])
+def test_search_tables_are_valid_for_any_layout_and_memory(placement, num_chunks, forward, input_grad, weight,
                                                            message):
-    """Each (chunk, micro_batch) of each rank: one F, one B, one W; within memory; and the replay runs them all."""
-    cost = costs.stage_costs(forward, backward, weight)
+    """Each (chunk, micro_batch) of each rank: one F, one I, one W; within memory; and the replay runs them all."""
+    cost = costs.stage_costs(forward, input_grad, weight)
     for n in range(1, 7):
         for m in (1, 2, 3, 5, 8, 13):
             for memory in sorted({1, 1.5, 2, n, 2 * n, m + 1}):
@@ -356,26 +356,26 @@ PAPER = paper.ROWS  # the zero-bubble paper's settings and rates (tools/paper.py
 @pytest.mark.parametrize("row", PAPER, ids=[f"p{row[0]}-m{row[1]}-h{row[6]}" for row in PAPER])
 def test_the_papers_1f1b_and_zb_h1_rates_are_the_replays_window(row):
     """1F1B's and ZB-H1's tables replayed at the paper's measured costs, T_comm a message: their bubble_window is
-    the paper's rate to 4 decimals on every row (its ZB-H2's too, at its closed form (p - 1)(F + B + 2c - 2W))."""
-    p, m, forward, backward, weight, message = row[:6]
+    the paper's rate to 4 decimals on every row (its ZB-H2's too, at its closed form (p - 1)(F + I + 2c - 2W))."""
+    p, m, forward, input_grad, weight, message = row[:6]
     one_f_one_b, zb_h1, zb_h2 = row[8:11]
-    cost = costs.stage_costs(forward, backward, weight)
+    cost = costs.stage_costs(forward, input_grad, weight)
     assert round(simulated(schedules.one_f_one_b(p, m), "loop", cost, message).bubble_window, 4) == one_f_one_b
     assert round(simulated(schedules.zb_h1(p, m), "loop", cost, message).bubble_window, 4) == zb_h1
-    work = m * (forward + backward + weight)
-    h2 = work + (p - 1) * (forward + backward + 2 * message - 2 * weight)
+    work = m * (forward + input_grad + weight)
+    h2 = work + (p - 1) * (forward + input_grad + 2 * message - 2 * weight)
     assert round(1 - work / h2, 4) == zb_h2
 
 
 @pytest.mark.parametrize("times", [1, 2], ids=["p", "2p"])
 @pytest.mark.parametrize("row", PAPER, ids=[f"p{row[0]}-m{row[1]}-h{row[6]}" for row in PAPER])
 def test_the_search_is_no_worse_than_the_papers_zb_1p_and_zb_2p(row, times):
-    """The search on the loop at the paper's costs, memory p (2p) micro-batches of M_B and a B leaving its M_W / M_B
-    for its W, judged by the paper's measure (objective "window"): its rate is at most the paper's ZB-1p's (ZB-2p's)
-    on every row, its peak within the memory, and it answers in under 60 s (at 32 stages and 256 micro-batches
-    too)."""
-    p, m, forward, backward, weight, message, h, a = row[:8]
-    cost, share = costs.stage_costs(forward, backward, weight), paper.weight_memory(h, a)
+    """The search on the loop at the paper's costs, memory p (2p) micro-batches of M_B and an I leaving its M_W / M_B
+    for its W (the paper calls I 'B'), judged by the paper's measure (objective "window"): its rate is at most the
+    paper's ZB-1p's (ZB-2p's) on every row, its peak within the memory, and it answers in under 60 s (at 32 stages
+    and 256 micro-batches too)."""
+    p, m, forward, input_grad, weight, message, h, a = row[:8]
+    cost, share = costs.stage_costs(forward, input_grad, weight), paper.weight_memory(h, a)
     start = time.perf_counter()
     tables = search.search(p, m, "loop", cost, times * p, message, weight_memory=share, objective="window")
     assert time.perf_counter() - start < 60
@@ -387,8 +387,8 @@ def test_the_search_is_no_worse_than_the_papers_zb_1p_and_zb_2p(row, times):
 def test_the_objective_orders_step_and_window():
     """plan.py --objective: judged by step the search's step is no longer, judged by window its window no wider,
     at the paper's first row (p 8, m 24, 2p), where the two differ."""
-    p, m, forward, backward, weight, message, h, a = PAPER[0][:8]
-    flags = ["--stages", str(p), "--micro-batches", str(m), "--costs", f"{forward},{backward},{weight},{message}",
+    p, m, forward, input_grad, weight, message, h, a = PAPER[0][:8]
+    flags = ["--stages", str(p), "--micro-batches", str(m), "--costs", f"{forward},{input_grad},{weight},{message}",
              "--memory", str(2 * p), "--weight-memory", str(paper.weight_memory(h, a)), "--virtual-stages", "1",
              "--placement", "loop"]
     by_step, by_window = rows(*flags)["search"], rows(*flags, "--objective", "window")["search"]
@@ -397,11 +397,11 @@ def test_the_objective_orders_step_and_window():
 
 
 @pytest.mark.parametrize("n,m", [(2, 5), (4, 8), (5, 7)])
-def test_weight_memory_above_one_adds_what_a_b_holds_for_its_w(n, m):
-    """theory.peak_inflight at a share above 1 (this MLP's, tools/held.py's weight_share): a B adds what W needs to
-    what its F held, so that a full backward, its B then its W as 09 runs it, counts as the two at once; 1F1B's
+def test_weight_memory_above_one_adds_what_an_i_holds_for_its_w(n, m):
+    """theory.peak_inflight at a share above 1 (this MLP's, tools/held.py's weight_share): an I adds what W needs to
+    what its F held, so that a full backward, its I then its W as 09 runs it, counts as the two at once; 1F1B's
     ranks hold theirs and a moment of that more; and the search, within 1F1B's memory so counted, never slower, and
-    with less than a B of one micro-batch needs, no order (every start, the paper's heuristic's too, over it)."""
+    with less than an I of one micro-batch needs, no order (every start, the paper's heuristic's too, over it)."""
     share = held.weight_share(3)
     for name, chunks in (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2), ("dualpipev", 2)):
         tables = schedules.table(name, n, m, chunks)
@@ -418,14 +418,14 @@ def test_weight_memory_above_one_adds_what_a_b_holds_for_its_w(n, m):
             found = simulated(tables, placement, cost, 0.3, num_chunks)
             assert max(theory.peak_inflight(tables, share)) <= max(memory, 1) * num_chunks + 1e-9, name
             assert found.step <= rival.step + 1e-9, (name, placement, num_chunks)
-    for micro_batches in (1, m):  # one micro-batch in its B holds `share`
+    for micro_batches in (1, m):  # one micro-batch in its I holds `share`
         with pytest.raises(ValueError, match="no order"):
             search.search(n, micro_batches, "loop", cost, 1, 0.3, 1, weight_memory=share)
 
 
-def test_weight_memory_lets_a_b_free_what_its_w_does_not_need():
+def test_weight_memory_lets_an_i_free_what_its_w_does_not_need():
     """theory.peak_inflight with a share: ZB-H1 holds n on every rank at 1 (each micro-batch whole until its W), and
-    at a smaller share n on rank 0 alone (n forwards before its first B), less on the others; a table without W's
+    at a smaller share n on rank 0 alone (n forwards before its first I), less on the others; a table without W's
     holds the same at any share; and the search within a memory that 1 cannot meet finds a table at the share, its
     peak within it, faster than at 1 in the same memory."""
     n, m = 4, 8
@@ -433,10 +433,10 @@ def test_weight_memory_lets_a_b_free_what_its_w_does_not_need():
     shared_peaks = theory.peak_inflight(schedules.zb_h1(n, m), 0.25)
     assert shared_peaks[0] == n and all(peak < n for peak in shared_peaks[1:]), shared_peaks
     assert theory.peak_inflight(schedules.one_f_one_b(n, m), 0.25) == theory.peak_inflight(schedules.one_f_one_b(n, m))
-    p, m, forward, backward, weight, message, h, a = PAPER[0][:8]  # the search at the paper's first row's costs
-    cost, share = costs.stage_costs(forward, backward, weight), paper.weight_memory(h, a)
+    p, m, forward, input_grad, weight, message, h, a = PAPER[0][:8]  # the search at the paper's first row's costs
+    cost, share = costs.stage_costs(forward, input_grad, weight), paper.weight_memory(h, a)
     whole = costs.simulate(search.search(p, m, "loop", cost, 10, message), "loop", 1, cost, message)
     shared = costs.simulate(search.search(p, m, "loop", cost, 10, message, weight_memory=share), "loop", 1, cost,
                             message, share)
     assert max(whole.peak_inflight) <= 10 and max(shared.peak_inflight) <= 10
-    assert shared.bubble < whole.bubble - 0.02  # what a B frees makes room for more forwards in flight (0.109, 0.141)
+    assert shared.bubble < whole.bubble - 0.02  # what an I frees makes room for more forwards in flight (0.109, 0.141)

@@ -63,7 +63,7 @@ HELD = [("02_gpipe.py", ()), ("02_gpipe.py", RECOMPUTE), ("03_1f1b.py", ()), ("0
 def test_held_bytes_are_the_theory(runs, script, flags):
     """Every rank's peak held bytes are tools.held.held_theory's count exactly (06's: held_count over its table;
     without the flag, test_zbv.py);
-    with the flag, autograd keeps one micro-batch's activations at a time, during its B."""
+    with the flag, autograd keeps one micro-batch's activations at a time, during its B (05's and 06's: its I)."""
     summary = pipelined(runs, script, WORLD, M, *flags, size=MEMORY).summary
     blocks = LAYERS // WORLD // (2 if script == "06_zbv.py" else 1)
     if script == "06_zbv.py":  # counted over its table
@@ -86,8 +86,8 @@ def test_recompute_halves_1f1bs_largest_rank(runs):
 
 
 def test_keeping_the_first_forwards_linear_inputs_fails_the_theory(tmp_path):
-    """The held-bytes theory of 05 with the flag is what catches W's inputs noted in F instead of in B's
-    recomputation: every rank then holds more, most those with micro-batches waiting for their B."""
+    """The held-bytes theory of 05 with the flag is what catches W's inputs noted in F instead of in I's
+    recomputation: every rank then holds more, most those with micro-batches waiting for their I."""
     script = variant(tmp_path, "05_zero_bubble.py", prepend=program("keep_first_forward"))
     broken = launch(tmp_path, script, WORLD, *MEMORY, "--micro-batches", str(M), *RECOMPUTE).summary
     theory = held_theory("05_zero_bubble.py", WORLD, M, LAYERS // WORLD, ROWS, HIDDEN, recompute=True)

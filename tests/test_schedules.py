@@ -106,9 +106,9 @@ def test_single_stage_schedules_equal_pytorch(num_ranks):
 
 
 def check_runs(name, num_ranks, num_microbatches, num_chunks):
-    """Every (stage, micro-batch) gets one forward, one backward (split or full) and a W if split, and the ranks can
-    run their lists: a forward after the previous stage's, a backward after the next stage's (the last stage's after
-    its forward), a W after its B. Ranks run whatever is ready until none can; then every list must be done."""
+    """Every (stage, micro-batch) gets one forward, one I or B, and a W after an I, and the ranks can run their
+    lists: a forward after the previous stage's, an I or B after the next stage's (the last stage's after its
+    forward), a W after its I. Ranks run whatever is ready until none can; then every list must be done."""
     n, m = num_ranks, num_microbatches
     placement = SCHEDULES[name][1]
     orders = table(name, n, m, num_chunks)

@@ -43,7 +43,7 @@ def test_closed_forms_are_the_tables_counts(n):
 
 
 def test_a_full_backward_is_two_units():
-    """09's theory: F, B and W one unit each, a full backward two (1F1B: (n - 1) slots of three units)."""
+    """09's theory: F, I and W one unit each, a full backward (B) two (1F1B: (n - 1) slots of three units)."""
     n, m = 4, 8
     tables = schedules.one_f_one_b(n, m)
     bubble = busiest_bubble(tables, lambda rank, chunk: stage("loop", n, rank, chunk), n)
@@ -51,7 +51,7 @@ def test_a_full_backward_is_two_units():
 
 
 def test_an_order_that_cannot_run_stops_the_replay():
-    """A W before its own B, or a backward before the next stage's: the replay places nothing from there on,
+    """A W before its own I, or a backward before the next stage's: the replay places nothing from there on,
     which is how tests/test_schedules.py finds a table that would deadlock."""
     one_rank = [[("forward", 0, 0), ("weight", 0, 0), ("backward", 0, 0)]]
     assert sorted(replay(one_rank, lambda rank, chunk: rank, 1)) == [("forward", 0, 0)]

@@ -1,4 +1,4 @@
-"""ZB-V (06): the baseline's gradients on every shape of V, PyTorch's order of F, B and W, the in-flight
+"""ZB-V (06): the baseline's gradients on every shape of V, PyTorch's order of F, I and W, the in-flight
 and held-bytes theory, the bubble under pacing against 05's, and bad input in one sentence."""
 
 
@@ -55,7 +55,7 @@ def test_matches_baseline(runs, world, micro_batches, layers, flags):
 
 @pytest.mark.parametrize("world,micro_batches,layers,flags", CASES, ids=case_ids(CASES, "n", "m", "L"))
 def test_schedule_is_pytorchs_zbv(runs, world, micro_batches, layers, flags):
-    """Every rank runs F, B and W in PyTorch's ZB-V order, every step, and keeps the theory's chunks in flight."""
+    """Every rank runs F, I and W in PyTorch's ZB-V order, every step, and keeps the theory's chunks in flight."""
     run = zbv(runs, world, micro_batches, layers, *flags)
     n = max(world, 1)
     spans = [e for e in run.trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "wait"]

@@ -1,4 +1,4 @@
-"""Zero bubble (05): the baseline's gradients, W deferred as ZB-H1 says, B + W computing nothing
+"""Zero bubble (05): the baseline's gradients, W deferred as ZB-H1 says, I + W computing nothing
 twice, and the memory that the deferred W's hold."""
 
 import json
@@ -29,7 +29,7 @@ def test_matches_baseline(runs, baseline, world, micro_batches, flags):
 
 @pytest.mark.parametrize("world,micro_batches,flags", CASES, ids=case_ids(CASES, "n", "m"))
 def test_schedule_is_zb_h1(runs, world, micro_batches, flags):
-    """Every rank runs F, B and W in ZB-H1's table (schedules.zb_h1), every step, and keeps min(n, m) in flight."""
+    """Every rank runs F, I and W in ZB-H1's table (schedules.zb_h1), every step, and keeps min(n, m) in flight."""
     run = pipelined(runs, SCRIPT, world, micro_batches, *flags)
     spans = [e for e in run.trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "wait"]
     for rank in range(world):
@@ -43,11 +43,11 @@ def test_schedule_is_zb_h1(runs, world, micro_batches, flags):
 
 
 def test_held_bytes_are_the_theory(runs):
-    """A micro-batch between F and B holds the stage's input and each block's ReLU output (L + 1
-    tensors of rows x hidden); one between B and W holds each Linear's input and its output's
+    """A micro-batch between F and I holds the stage's input and each block's ReLU output (L + 1
+    tensors of rows x hidden); one between I and W holds each Linear's input and its output's
     gradient (2L). Stage r has at most min(r + 1, m) W's pending and min(n, m) in flight, so its
     peak is (min(n, m) - min(r + 1, m))(L + 1) + min(r + 1, m) 2L, plus at most 3 tensors in transit:
-    a gradient received and one sent, and the output of the micro-batch whose B has just ended."""
+    a gradient received and one sent, and the output of the micro-batch whose I has just ended."""
     world, m, rows, hidden, blocks = 4, 8, 2, 24, 4
     summary = pipelined(runs, SCRIPT, world, m, size=MEMORY).summary
     unit = rows * hidden * 8  # one rows x hidden float64 tensor
@@ -69,9 +69,9 @@ def flops(tmp_path, script, world, micro_batches):
     return [json.loads((out / f"flops{rank}.json").read_text()) for rank in range(world)]
 
 
-def test_b_and_w_compute_nothing_twice(tmp_path):
-    """B + W do exactly 1F1B's backward's matrix products, on every stage: B stops at each Linear's
-    output, and W is one product per Linear, like F. A W that backpropagated again would redo B's."""
+def test_i_and_w_compute_nothing_twice(tmp_path):
+    """I + W do exactly 1F1B's B's matrix products, on every stage: I stops at each Linear's
+    output, and W is one product per Linear, like F. A W that backpropagated again would redo I's."""
     zero_bubble, one_f_one_b = flops(tmp_path, SCRIPT, 2, 3), flops(tmp_path, "03_1f1b.py", 2, 3)
     for rank in range(2):
         ours, theirs = zero_bubble[rank], one_f_one_b[rank]

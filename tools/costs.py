@@ -1,7 +1,7 @@
 """A table at a stage's costs, on paper (tools/plan.py and the search): its step, bubble, peaks and messages, and
 the least step any order can take. Plain Python over theory.replay.
 
-stage_costs   each kind's cost at a stage's F, B and W times (parse_costs: from "F,B,W[,MSG]")
+stage_costs   each kind's cost at a stage's F, I and W times (parse_costs: from "F,I,W[,MSG]")
 simulate      a table replayed at those costs: a Simulation (step, bubble, peaks, messages, spans)
 messages      each rank's tensors sent to another rank in a step
 least_step    a step no order within a memory can beat, where the search stops
@@ -13,14 +13,14 @@ from typing import NamedTuple
 import theory
 
 
-def stage_costs(forward=1.0, backward=1.0, weight=1.0):
-    """Each kind's cost for a stage at these F, B and W times: a backward that is not split costs B + W."""
-    split = {"forward": forward, "backward": backward, "weight": weight}
-    return {kind: split.get(kind, backward + weight) for kind in theory.UNIT_COSTS}
+def stage_costs(forward=1.0, input_grad=1.0, weight=1.0):
+    """Each kind's cost for a stage at these F, I and W times: a full backward (B) costs I + W."""
+    split = {"forward": forward, "backward": input_grad, "weight": weight}
+    return {kind: split.get(kind, input_grad + weight) for kind in theory.UNIT_COSTS}
 
 
 def messages(tables, stage_of, num_stages):
-    """Each rank's tensors sent to another rank in a step: a forward's output to the next stage and a backward's
+    """Each rank's tensors sent to another rank in a step: a forward's output to the next stage and an I's or a B's
     gradient to the previous one, where that stage is another rank's."""
     rank_of = {stage_of(rank, chunk): rank for rank, table in enumerate(tables) for _, chunk, _ in table}
     sent = []
@@ -52,7 +52,7 @@ def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0,
     time. A rank holding num_chunks chunks holds 1/num_chunks of a stage in each: a chunk's computation costs
     that share of a stage's (unless cost is a list, each chunk's own: theory.counted_costs), and its activations
     count as that share of a micro-batch's (its peak is counted over its table: a rank's count changes only at
-    its own computations; a B leaves weight_memory of a pair held until its W); an F&B step lasts `overlap` of its
+    its own computations; an I leaves weight_memory of a pair held until its W); an F&B step lasts `overlap` of its
     two parts (theory.replay). ValueError if the table cannot run."""
     num_ranks = len(tables)
     stages = {(rank, chunk): theory.stage(placement, num_ranks, rank, chunk) for rank in range(num_ranks)
@@ -78,36 +78,36 @@ def simulate(tables, placement, num_chunks, cost=theory.UNIT_COSTS, message=0.0,
 
 
 def least_step(placement, num_ranks, num_chunks, num_microbatches, cost, message, limit):
-    """A lower bound on the step of any order of a stage's computations (F, B and W apart, at cost[kind]; a chunk
+    """A lower bound on the step of any order of a stage's computations (F, I and W apart, at cost[kind]; a chunk
     costs 1/num_chunks of a stage) that keeps at most `limit` (chunk, micro_batch) pairs alive on a rank, a tensor
-    between ranks taking `message`. Every rank computes m (F + B + W), and idles at least as long as
+    between ranks taking `message`. Every rank computes m (F + I + W), and idles at least as long as
     - the data takes to reach its first stage: the forwards below it, and a message wherever the rank changes;
-    - micro-batch 0 takes up every stage and back down to the rank's highest one, where its first backward can
-      begin (a backward below needs that one), less the forwards it can run meanwhile: `limit` at most, since
-      without a backward it frees none."""
+    - micro-batch 0 takes up every stage and back down to the rank's highest one, where its first I can
+      begin (an I below needs that one), less the forwards it can run meanwhile: `limit` at most, since
+      without an I it frees none."""
     num_stages = num_ranks * num_chunks
     rank_of = {theory.stage(placement, num_ranks, rank, chunk): rank for rank in range(num_ranks)
                for chunk in range(num_chunks)}
-    forward, backward = cost["forward"] / num_chunks, cost["backward"] / num_chunks
+    forward, input_grad = cost["forward"] / num_chunks, cost["backward"] / num_chunks
 
     def trip(stages, each):
         """From the first of these stages beginning to the last beginning: each stage's cost, a message between
         ranks."""
         return sum(each + message * (rank_of[one] != rank_of[after]) for one, after in zip(stages, stages[1:]))
 
-    up = trip(range(num_stages), forward) + forward  # micro-batch 0's forwards, the last stage's backward may begin
-    forwards_meanwhile = min(math.floor(limit + 1e-9), num_microbatches * num_chunks) * forward  # before its first B
+    up = trip(range(num_stages), forward) + forward  # micro-batch 0's forwards, the last stage's I may begin
+    forwards_meanwhile = min(math.floor(limit + 1e-9), num_microbatches * num_chunks) * forward  # before its first I
     idle = []
     for rank in range(num_ranks):
         stages = [where for where, its_rank in rank_of.items() if its_rank == rank]
         first_forward = trip(range(min(stages) + 1), forward)
-        first_backward = up + trip(range(num_stages - 1, max(stages) - 1, -1), backward)
-        idle.append(max(first_forward, first_backward - forwards_meanwhile))
+        first_input_grad = up + trip(range(num_stages - 1, max(stages) - 1, -1), input_grad)
+        idle.append(max(first_forward, first_input_grad - forwards_meanwhile))
     return max(idle) + num_microbatches * (cost["forward"] + cost["backward"] + cost["weight"])
 
 
 def parse_costs(text):
-    """A stage's costs (stage_costs) and a message's time from "F,B,W" or "F,B,W,MSG" (MSG 0 unless given);
+    """A stage's costs (stage_costs) and a message's time from "F,I,W" or "F,I,W,MSG" (MSG 0 unless given);
     ValueError with one sentence for anything else."""
     try:
         values = [float(value) for value in text.split(",")]
@@ -115,5 +115,5 @@ def parse_costs(text):
         values = []
     if len(values) not in (3, 4) or not all(0 < value < float("inf") for value in values[:3]) or \
             not all(0 <= value < float("inf") for value in values[3:]):
-        raise ValueError(f"--costs takes F,B,W or F,B,W,MSG, positive numbers (MSG may be 0), not {text!r}.")
+        raise ValueError(f"--costs takes F,I,W or F,I,W,MSG, positive numbers (MSG may be 0), not {text!r}.")
     return stage_costs(*values[:3]), (values[3] if len(values) == 4 else 0.0)

@@ -13,10 +13,10 @@ import theory
 def held_theory(script, n, m, blocks, rows, hidden, recompute=False, classes=10):
     """Each rank's peak held bytes (docs/design.md, *Memory* and *Recomputation*), in units of one micro-batch's
     rows x hidden activation, for 02, 03 and 05 with m > n and `blocks` = L >= 2 blocks a stage (06's and 09's:
-    held_count, over their tables). A micro-batch in flight holds from F to B its input and its
+    held_count, over their tables). A micro-batch in flight holds from F to its B (05: its I) its input and its
     blocks' ReLU outputs, L + 1 units, or with --recompute its input alone (rank 0's input is a slice of the
-    batch, counted only while autograd or W keeps it), and during its B the recomputed L; from B to W (05) each
-    Linear's input and output gradient, 2L. Those in transit are the tensors the loop's variables keep (a
+    batch, counted only while autograd or W keeps it), and during that B or I the recomputed L; from I to W (05)
+    each Linear's input and output gradient, 2L. Those in transit are the tensors the loop's variables keep (a
     gradient received, an activation and a gradient sent, until the next iteration) and, in GPipe, the
     activations sent, let go of once the first gradient is back. The last stage adds its loss's saved tensors,
     `extra` (rows x classes log-probabilities, the rows' labels, a total weight), and W the head's gradient,
@@ -39,8 +39,8 @@ def held_theory(script, n, m, blocks, rows, hidden, recompute=False, classes=10)
                 peak = in_flight * (L + 1) + transit + (extra + 1) * last
         elif last:  # 05: n W's pending, the gradient sent and the next input received, with or without --recompute
             peak = n * (2 * L + 1 + head) + 2
-        else:  # 05, in a B: the r W's pending and its own (its 2L, and its output a moment more), the inputs waiting
-            # for their B; in transit a gradient received (and one sent) and, with --recompute, the activation sent
+        else:  # 05, in an I: the r W's pending and its own (its 2L, and its output a moment more), the inputs waiting
+            # for their I; in transit a gradient received (and one sent) and, with --recompute, the activation sent
             waiting = (n - rank - 1) * ((0 if first else 1) if recompute else L + 1)
             peak = waiting + 2 * L * (rank + 1) + 1 + (1 if first else 2) + recompute
         peaks.append(peak)
@@ -48,25 +48,25 @@ def held_theory(script, n, m, blocks, rows, hidden, recompute=False, classes=10)
 
 
 def weight_share(blocks):
-    """The share of a micro-batch's held activations that its B leaves for its W (the zero-bubble paper's M_W / M_B),
-    as held_count counts them on a stage of `blocks` = L blocks (the head's stage aside): from F to B its input and
-    its blocks' ReLU outputs, L + 1 units; from B to W each Linear's input and output gradient, 2L. Above 1 from
-    L = 2 on: in this MLP a B adds to what its F held (of that only the last block's output goes, which no Linear of
-    the stage reads, and the output gradients come)."""
+    """The share of a micro-batch's held activations that its I leaves for its W (M_W / M_B in the zero-bubble
+    paper, which calls I 'B'), as held_count counts them on a stage of `blocks` = L blocks (the head's stage aside):
+    from F to I its input and its blocks' ReLU outputs, L + 1 units; from I to W each Linear's input and output
+    gradient, 2L. Above 1 from L = 2 on: in this MLP an I adds to what its F held (of that only the last block's
+    output goes, which no Linear of the stage reads, and the output gradients come)."""
     return 2 * blocks / (blocks + 1)
 
 
 def held_count(tables, placement, blocks, rows, hidden, recompute=False, classes=10):
-    """06's and 09's peaks, counted over their tables at one unit a computation (a full backward two, its B then
+    """06's and 09's peaks, counted over their tables at one unit a computation (a full backward two, its I then
     its W), in rows x hidden units; blocks[s]: stage s's blocks (docs/design.md, *ZB-V*, held bytes). A chunk holds
-    its input and its blocks' outputs from F to B (with --recompute its input alone, and the recomputed
-    outputs during B), and its Linears' inputs and output gradients from B to W; B keeps those gradients a
+    its input and its blocks' outputs from F to I (with --recompute its input alone, and the recomputed
+    outputs during I), and its Linears' inputs and output gradients from I to W; I keeps those gradients a
     moment before autograd lets go of the rest. A tensor between two ranks is held by its receiver from the
     moment it is made, and by its sender (a gradient; with --recompute an activation too, which no longer is a
     saved output) until it is used or, sooner, until the sender uses a tensor from that peer made no earlier
-    than it (guarantees.release_on_arrival); the loop's `result` keeps the last F's or B's until the next ends.
-    The last stage holds its rows x classes log-probabilities from F to B and their gradient from B to W, and its
-    loss the rows' labels and a total weight from F until its B begins (micro-batches of rows x hidden numbers)."""
+    than it (guarantees.release_on_arrival); the loop's `result` keeps the last F's, I's or B's until the next ends.
+    The last stage holds its rows x classes log-probabilities from F to I and their gradient from I to W, and its
+    loss the rows' labels and a total weight from F until its I begins (micro-batches of rows x hidden numbers)."""
     head, labels = classes / hidden, (rows + 1) / (rows * hidden)
     n = len(tables)
     num_stages = n * (1 + max(chunk for table in tables for _, chunk, _ in table))
@@ -113,7 +113,7 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False, classes
             # a stage's input: the data, its own rank's previous chunk's output, or a received tensor
             given = ("data", i) if where == 0 else ("out", where - 1, i) if rank_of(where - 1) == rank \
                 else ("in", where, i)
-            made_in = "again" if recompute else "out"  # --recompute: B makes the outputs again, new tensors
+            made_in = "again" if recompute else "out"  # --recompute: an I or a B makes the outputs again, new tensors
             outputs = [(made_in, where, i, block) for block in range(1, blocks[where])] + [(made_in, where, i)]
             if what == "arrive forward":
                 hold(("in", where, i), "transit")
@@ -135,7 +135,7 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False, classes
                     hold(("labels", i), ("F", where, i), labels)
             elif what in theory.BACKWARDS:
                 drop(("labels", i), ("F", where, i))  # the loss lets go of them first, as its backward begins
-                if recompute:  # the forward again: B holds what F held without the flag
+                if recompute:  # the forward again: the I or B holds what F held without the flag
                     for tensor in [given] + outputs:
                         hold(tensor, ("F", where, i))
                     if where == num_stages - 1:
@@ -161,7 +161,7 @@ def held_count(tables, placement, blocks, rows, hidden, recompute=False, classes
                 result = ("out", where, i) if what == "forward" else ("grad", where, i)
                 if (where < num_stages - 1) if what == "forward" else (where > 0):  # not the loss, nor nothing
                     hold(result, "result")
-            if what in ("weight", "full_backward", "overlapped_backward"):  # a full backward's W: right after its B
+            if what in ("weight", "full_backward", "overlapped_backward"):  # a full backward's W: right after its I
                 peak = max(peak, held())
                 for tensor in holders:
                     drop(tensor, ("W", where, i))

@@ -2,7 +2,8 @@
 (Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024, arXiv 2401.10241: Tables 9 and 5, as its repository's
 megatron/core/pipeline_parallel/efficiency.py prints them), and its memory model's M_W / M_B.
 
-ROWS            p, m, T_F, T_B, T_W, T_comm (microseconds), h, a, then the rates of 1F1B, ZB-H1, ZB-H2, ZB-1p, ZB-2p
+ROWS            p, m, T_F, T_B, T_W, T_comm (microseconds; the paper calls I 'B', so T_B is an I's time), h, a, then
+                the rates of 1F1B, ZB-H1, ZB-H2, ZB-1p, ZB-2p
 weight_memory   M_W / M_B for a transformer layer of hidden size h, a heads and sequence length s
 """
 

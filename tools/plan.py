@@ -11,8 +11,8 @@ step: the pipeline's span, first start to last end, in cost units. bubble: the b
 script's bubble_theory. window: the zero-bubble paper's bubble rate, 1 - the busiest rank's work over the longest
 rank's window (its first computation's start to its last's end), which leaves out a rank's wait before its first F
 and after its last W. peak: activations alive at once, in micro-batches of a stage (a chunk of a rank holding v
-chunks is 1/v of a stage), on the rank that holds most and on rank 0, a B leaving --weight-memory of its micro-batch
-held for its W (this MLP's share unless given: above 1, so that a B adds to what its F held). messages: the tensors
+chunks is 1/v of a stage), on the rank that holds most and on rank 0, an I leaving --weight-memory of its micro-batch
+held for its W (this MLP's share unless given: above 1, so that an I adds to what its F held). messages: the tensors
 a rank sends to another rank in a step, the most of any rank. search: tools/search.py on whichever placement is
 better by --objective (the step, or the window): the loop at one chunk a rank or at --virtual-stages, or the V. It
 is the row plan.py recommends (by its objective, never worse than a row that fits --memory): --save writes its
@@ -56,17 +56,17 @@ parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__
 parser.error = lambda message: harness.fail(f"{message} (see --help)")  # argparse's own complaints in one line
 harness.flags.add_flags(parser, "--stages", "--micro-batches", "--virtual-stages")
 cost_flags = parser.add_mutually_exclusive_group()
-cost_flags.add_argument("--costs", default="1,1,1", help="a stage's F, B and W times, and a message's between ranks: "
-                        "F,B,W[,MSG] (1,1,1)")
+cost_flags.add_argument("--costs", default="1,1,1", help="a stage's F, I and W times (a full backward costs I + W), "
+                        "and a message's between ranks: F,I,W[,MSG] (1,1,1)")
 cost_flags.add_argument("--costs-from", metavar="TRACE",
-                        help="F, B and W from the --trace of a run: each kind's mean span (with --layers, each "
+                        help="F, I and W from the --trace of a run: each kind's mean span (with --layers, each "
                              "stage's own, fitted as a block's cost and the head's)")
 parser.add_argument("--memory", type=float, help="the most activations a rank may hold, in micro-batches of a stage "
                     "(a chunk of a rank holding v is 1/v): rows over it are marked and the search keeps within it "
-                    "(default: no mark, and the search holds at most what 1F1B does, n and what a B adds)")
+                    "(default: no mark, and the search holds at most what 1F1B does, n and what an I adds)")
 parser.add_argument("--weight-memory", type=float, metavar="R",
-                    help="the share of a micro-batch's activations that its B leaves held until its W (the "
-                         "zero-bubble paper's M_W / M_B, R > 0; above 1, a B adds to what its F held): the peaks and "
+                    help="the share of a micro-batch's activations that its I leaves held until its W (the "
+                         "zero-bubble paper's M_W / M_B, R > 0; above 1, an I adds to what its F held): the peaks and "
                          "the search count it (default: this MLP's, 2L / (L + 1) at L = --layers / --stages blocks a "
                          "stage, 1 at least: tools/held.py's weight_share)")
 parser.add_argument("--objective", choices=("step", "window"), default="step",
@@ -93,7 +93,7 @@ def trace_spans(path):
 
 
 def costs_from_trace(path):
-    """A stage's F, B and W from a Chrome trace: each kind's mean span (dur, in microseconds), times the run's chunks
+    """A stage's F, I and W from a Chrome trace: each kind's mean span (dur, in microseconds), times the run's chunks
     a rank, since a chunk is that share of a stage."""
     spans, _ = trace_spans(path)
     num_chunks = 1 + max((int(event.get("args", {}).get("chunk") or 0) for event in spans), default=0)
@@ -292,7 +292,7 @@ def default_weight_memory(layers, num_stages):
 
 
 def default_memory(num_stages, weight_memory):
-    """--memory's default: what 1F1B holds, n micro-batches and what a B adds to them at this share."""
+    """--memory's default: what 1F1B holds, n micro-batches and what an I adds to them at this share."""
     return num_stages + max(0, weight_memory - 1)
 
 
@@ -315,13 +315,13 @@ def main():
     if args.layers is not None:  # each stage's costs: measured in a trace and fitted, or counted
         args.costs_of = fitted_costs(args.costs_from) if args.costs_from else counted(args)
         cost, message = model_costs(args), 0.0
-    forward, backward, weight = (cost[kind] for kind in KINDS)
+    forward, input_grad, weight = (cost[kind] for kind in KINDS)
     if args.weight_memory is None:
         layers = harness.flags.FLAGS["--layers"]["default"] if args.layers is None else args.layers
         args.weight_memory = default_weight_memory(layers, args.stages)
     if not 0 < args.weight_memory < math.inf:
         harness.fail(f"--weight-memory is {args.weight_memory:g}: pass the share of a micro-batch's activations that "
-                     "its B leaves held until its W, a number above 0.")
+                     "its I leaves held until its W, a number above 0.")
     harness.flags.check_overlap(args.overlap)
     memory = default_memory(args.stages, args.weight_memory) if args.memory is None else args.memory
     placements = (args.placement,) if args.placement else ("loop", "v")
@@ -353,11 +353,11 @@ def main():
             print(json.dumps({"schedule": row.schedule, "placement": row.placement, "chunks": row.chunks, **fields}))
         return
     model = (f"--layers {args.layers}, --hidden {args.hidden}, --classes {args.classes}: each stage's counted costs "
-             f"(the mean stage's F {forward:.4g}, B {backward:.4g}, W {weight:.4g} block forwards)"
+             f"(the mean stage's F {forward:.4g}, I {input_grad:.4g}, W {weight:.4g} block forwards)"
              if args.layers is not None else
-             f"a stage's F {forward:g}, B {backward:g}, W {weight:g}, message {message:g}")
+             f"a stage's F {forward:g}, I {input_grad:g}, W {weight:g}, message {message:g}")
     print(f"n = {args.stages} ranks, m = {args.micro_batches} micro-batches; {model}; the search within memory "
-          f"{memory:g}, a B leaving {args.weight_memory:.4g} of its micro-batch for its W")
+          f"{memory:g}, an I leaving {args.weight_memory:.4g} of its micro-batch for its W")
     print(f"{'schedule':<24} {'placement':>9} {'chunks':>6} {'step':>10} {'bubble':>7} {'window':>7} {'peak':>6} "
           f"{'rank 0':>6} {'messages':>8}" + "  partition" * (args.layers is not None))
     for row in rows:

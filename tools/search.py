@@ -1,5 +1,5 @@
 """A table found, not written, in the spirit of the zero-bubble paper (sail-sg's scheduler/zb.py): the costs of F,
-I (a split backward's input gradient; the paper's and --costs' B) and W and a memory in, every rank's order out,
+I (a split backward's input gradient, which the paper calls B) and W and a memory in, every rank's order out,
 never slower than a table of schedules.py that fits that memory. tools/plan.py prints it and saves it as a CSV
 that 09 runs.
 
@@ -20,7 +20,7 @@ from tools import costs
 
 def _users_of(kind, stage, micro_batch, num_stages):
     """The computations a finished one gives an input to: a forward, the next stage's forward (the last stage's: its
-    own backward); a backward, its W and the previous stage's backward."""
+    own I); an I, its W and the previous stage's I."""
     if kind == "forward":
         return [("forward", stage + 1, micro_batch) if stage < num_stages - 1 else ("backward", stage, micro_batch)]
     if kind == "backward":
@@ -32,7 +32,7 @@ def _forward_fits(owing, micro_batch, visits, held, limit):
     """Whether a rank holding `held` of its `limit` slots may run micro_batch's next forward (the banker's rule): a
     slot is free, and afterwards it can still run every forward it owes. owing: for each micro-batch begun there
     and not through, the forwards it has left there of the `visits` it makes. Each forward takes a slot; a
-    micro-batch lets its slots go only after its last forward here (its backwards need them all; what a B leaves
+    micro-batch lets its slots go only after its last forward here (its I's need them all; what an I leaves
     for its W, W can always let go), so those with the fewest left are counted through first."""
     if held + 1 > limit + 1e-9:
         return False
@@ -47,14 +47,14 @@ def _forward_fits(owing, micro_batch, visits, held, limit):
 
 
 def _held_by(kind, weight_memory):
-    """What a computation adds to its rank's held pairs: a forward one, a B all but the weight_memory share its W
+    """What a computation adds to its rank's held pairs: a forward one, an I all but the weight_memory share its W
     keeps, that W the rest."""
     return {"forward": 1, "backward": weight_memory - 1, "weight": -weight_memory}[kind]
 
 
 def _forward_limit(limit, weight_memory):
-    """The pairs a rank's F's may fill: all of `limit`, or, where a B adds to what its F held (weight_memory above 1,
-    this MLP's), all but what a B adds, so that a B always fits once the W's it owes have run."""
+    """The pairs a rank's F's may fill: all of `limit`, or, where an I adds to what its F held (weight_memory above 1,
+    this MLP's), all but what an I adds, so that an I always fits once the W's it owes have run."""
     return limit - max(0, weight_memory - 1)
 
 
@@ -74,8 +74,8 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit, weight_memory):
     events = [(0.0, 0)]  # (when, rank): a rank to look at then
     clock = [0.0] * num_ranks  # when each rank is free
     held = [0] * num_ranks  # (chunk, micro_batch) pairs each rank holds
-    forward_limit, backward_adds = _forward_limit(limit, weight_memory), _held_by("backward", weight_memory)
-    after_backward = [False] * num_ranks  # whether its last F or I was an I: 1F1B's turn
+    forward_limit, input_grad_adds = _forward_limit(limit, weight_memory), _held_by("backward", weight_memory)
+    after_input_grad = [False] * num_ranks  # whether its last F or I was an I: 1F1B's turn
     starts, orders = {}, [[] for _ in range(num_ranks)]  # what the search returns
     while events:
         now, rank = heapq.heappop(events)
@@ -84,17 +84,17 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit, weight_memory):
         arrived = {key: heap[0] for key, heap in ready[rank].items() if heap and heap[0][0] <= now}
         fits = {stage: _forward_fits(owing[rank], micro_batch, visits[rank], held[rank], forward_limit)
                 for (kind, stage), (_, micro_batch) in arrived.items() if kind == "forward"}
-        room = after_backward[rank] and not all(fits.values())  # a W to make room for the F that 1F1B wants
+        room = after_input_grad[rank] and not all(fits.values())  # a W to make room for the F that 1F1B wants
         choices = []
         for (kind, stage), (arrival, micro_batch) in arrived.items():
             if kind == "forward" and fits[stage]:
-                preference = 0 if after_backward[rank] else 1, -stage
-            elif kind == "backward" and held[rank] + backward_adds > limit + 1e-9:  # its W's owed first
+                preference = 0 if after_input_grad[rank] else 1, -stage
+            elif kind == "backward" and held[rank] + input_grad_adds > limit + 1e-9:  # its W's owed first
                 continue
             elif kind == "backward" and stage == 0:  # only its own W waits for it
                 preference = 2, stage
             elif kind == "backward":
-                preference = 1 if after_backward[rank] else 0, stage
+                preference = 1 if after_input_grad[rank] else 0, stage
             elif kind == "weight":
                 preference = 0 if room else 3, 0
             else:
@@ -114,7 +114,7 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit, weight_memory):
             if not owing[rank][micro_batch]:
                 del owing[rank][micro_batch]
         if kind != "weight":  # a W keeps the 1F1B turn
-            after_backward[rank] = kind == "backward"
+            after_input_grad[rank] = kind == "backward"
         for next_kind, next_stage, _ in _users_of(kind, stage, micro_batch, num_stages):
             next_rank = rank_of[next_stage]
             heapq.heappush(ready[next_rank].setdefault((next_kind, next_stage), []), (clock[rank], micro_batch))
@@ -127,7 +127,7 @@ def _greedy(rank_of, num_microbatches, chunk_cost, limit, weight_memory):
 def _reschedule(rank_of, starts, chunk_cost, message, limit, weight_memory, reverse):
     """One pass: a free rank runs the ready computation that began first in the last schedule, but waits for one that
     began sooner if it comes in before this would end, and takes memory (F's) in the last schedule's order. Reverse:
-    the same on the graph reversed, time running back, the last to end first (a W takes memory, and a B what its W
+    the same on the graph reversed, time running back, the last to end first (a W takes memory, and an I what its W
     does not keep; its F gives it back). Returns (span, starts, orders) forwards, or None if it deadlocks."""
     num_ranks, num_stages = 1 + max(rank_of), len(rank_of)
     key = {node: -start - chunk_cost[node[0]] if reverse else start for node, start in starts.items()}
@@ -212,11 +212,11 @@ def _reschedule(rank_of, starts, chunk_cost, message, limit, weight_memory, reve
 
 def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_memory, hold_back_f, fill_waits):
     """The zero-bubble paper's own heuristic (sail-sg's auto_schedule.py) on the loop at one chunk a rank, as a start:
-    micro-batches in order, 1F1B after a warm-up in which each rank runs the F's that end before its first B's input
+    micro-batches in order, 1F1B after a warm-up in which each rank runs the F's that end before its first I's input
     can come (fewer than the rank below); a W only where memory needs it or while a rank would wait for an input,
-    on rank 0 all those owed before each B once its F's are done, and the rest at the end. Each wait is allowed up
+    on rank 0 all those owed before each I once its F's are done, and the rest at the end. Each wait is allowed up
     to the longest idle met so far; past it a W fills it (fill_waits: always). hold_back_f: an F of a rank two ahead
-    of the next one waits if it would delay that B's return. Returns the orders, or None if memory is too small."""
+    of the next one waits if it would delay that I's return. Returns the orders, or None if memory is too small."""
     cost, last = chunk_cost, num_ranks - 1
     held_by = {kind: _held_by(kind, weight_memory) for kind in cost}
     bound = {kind: _forward_limit(limit, weight_memory) if kind == "forward" else limit for kind in cost}
@@ -265,14 +265,14 @@ def _warmed_up(num_ranks, num_microbatches, chunk_cost, message, limit, weight_m
 
     for rank in range(num_ranks):
         put(rank, "forward")
-    warm_up = [0] * num_ranks  # the F's each rank runs before its first B, after micro-batch 0's
-    backward_end = clock[last] + cost["backward"]
+    warm_up = [0] * num_ranks  # the F's each rank runs before its first I, after micro-batch 0's
+    input_grad_end = clock[last] + cost["backward"]
     for rank in range(last - 1, -1, -1):
         busy, holds = clock[rank], held[rank]
         while 1 + warm_up[rank] < num_microbatches and holds + 1 <= bound["forward"] + 1e-9 and \
-                busy + cost["forward"] <= backward_end + message:
+                busy + cost["forward"] <= input_grad_end + message:
             busy, holds, warm_up[rank] = busy + cost["forward"], holds + 1, warm_up[rank] + 1
-        backward_end = max(busy, backward_end + message) + cost["backward"]
+        input_grad_end = max(busy, input_grad_end + message) + cost["backward"]
     for rank in range(1, num_ranks):  # fewer than the rank below, unless it runs them all
         if 1 + warm_up[rank] < num_microbatches:
             warm_up[rank] = max(0, min(warm_up[rank], warm_up[rank - 1] - 1))
@@ -321,8 +321,8 @@ def _as_tables(orders):
 
 def _fastest_table(num_ranks, num_microbatches, placement, num_chunks, cost, limit, message, weight_memory):
     """The fastest table of schedules.py of the placement and chunks that holds at most `limit` (chunk, micro_batch)
-    pairs on any rank, each backward split (a gradient leaves sooner, and an overlapped F&B runs as its F then its I: no
-    table is slower so), replayed: (simulation, tables), or None if none fits."""
+    pairs on any rank, each B split into I and W (a gradient leaves sooner, and an overlapped F&B runs as its F then its
+    I: no table is slower so), replayed: (simulation, tables), or None if none fits."""
     fastest, seen = None, []
     for name, (_, where) in schedules.SCHEDULES.items():
         if where != placement or (not schedules.takes_virtual_stages(name) and num_chunks != 1 + (where == "v")):
@@ -412,7 +412,7 @@ def _shortened(rank_of, starts, chunk_cost, message, limit, weight_memory):
 
 def _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory, weight_memory=1):
     """The (chunk, micro_batch) pairs a rank may hold within `memory` micro-batches of a stage, no more than every
-    pair at once can (each at weight_memory after its B, where that is more), or one sentence."""
+    pair at once can (each at weight_memory after its I, where that is more), or one sentence."""
     schedules.check_counts(num_ranks, num_microbatches, num_chunks)
     if placement not in ("loop", "v"):
         raise ValueError(f"placement is {placement!r}: pass 'loop' (one chunk a rank) or 'v' (two).")
@@ -425,12 +425,12 @@ def _pair_limit(num_ranks, num_microbatches, placement, num_chunks, memory, weig
 
 def search(num_ranks, num_microbatches, placement, cost, memory, message=0.0, num_chunks=None, weight_memory=1,
            objective="step"):
-    """A table found, not written, in the spirit of the zero-bubble paper: each rank's forward, backward and weight
-    computations (every backward split) for num_ranks ranks placed "loop" (num_chunks a rank, 1 unless given) or
-    "v" (two), at a stage's costs {"forward": F, "backward": B, "weight": W} (a chunk's: a 1/num_chunks share) and a
-    tensor's `message` time between ranks. memory: the most activations a rank may hold, in micro-batches of a stage
-    (a chunk's: a 1/num_chunks share), as tools/plan.py counts them, a B leaving weight_memory of its micro-batch's
-    held for its W (the zero-bubble paper's M_W / M_B; 1, all of it, unless given; above 1, this MLP's, a B adds to
+    """A table found, not written, in the spirit of the zero-bubble paper: each rank's F, I and W computations (no
+    full backward) for num_ranks ranks placed "loop" (num_chunks a rank, 1 unless given) or "v" (two), at a
+    stage's costs {"forward": F, "backward": I, "weight": W} (a chunk's: a 1/num_chunks share) and a tensor's
+    `message` time between ranks. memory: the most activations a rank may hold, in micro-batches of a stage
+    (a chunk's: a 1/num_chunks share), as tools/plan.py counts them, an I leaving weight_memory of its micro-batch's
+    held for its W (the zero-bubble paper's M_W / M_B; 1, all of it, unless given; above 1, this MLP's, an I adds to
     its count, and its F's leave it that room). The starts (_search_placement): a greedy (_greedy) and the passes
     backwards and forwards from it (_reschedule); on the loop at one chunk a rank, the zero-bubble paper's heuristic
     (_warmed_up); the fastest table of schedules.py that fits the memory. The best order met by the objective is
