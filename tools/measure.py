@@ -280,7 +280,7 @@ for row in paper.ROWS:
     found, seconds = {}, 0.0
     for times in (1, 2):
         found[times], took = planned_rows(
-            "--stages", row.p, "--micro-batches", row.m, "--costs", f"{row.forward},{row.backward},{row.weight},"
+            "--stages", row.p, "--micro-batches", row.m, "--costs", f"{row.forward},{row.input_grad},{row.weight},"
             f"{row.message}", "--memory", times * row.p, "--weight-memory", repr(paper.weight_memory(row.h, row.a)),
             "--placement", "loop", "--virtual-stages", 1, "--objective", "window")
         seconds = max(seconds, took)
@@ -311,15 +311,15 @@ longer run of the two. The commands are the first row's; the others differ in th
 {paper_table}""")
 
 dualpipe_rows = []
-for forward, backward, weight in ((1, 1, 1), (1, 2, 1), (1, 1, 2)):
+for forward, input_grad, weight in ((1, 1, 1), (1, 2, 1), (1, 1, 2)):
     for overlap in (1, 0.75):
         for stages in (2, 4, 8):
             found, _ = planned_rows("--stages", stages, "--micro-batches", 4 * stages, "--costs",
-                                    f"{2 * forward},{2 * backward},{2 * weight}", "--placement", "v",
+                                    f"{2 * forward},{2 * input_grad},{2 * weight}", "--placement", "v",
                                     "--overlap", overlap)
-            formula = (stages - 1) * (overlap * (forward + backward + weight) + backward + weight - 3 * weight)
+            formula = (stages - 1) * (overlap * (forward + input_grad + weight) + input_grad + weight - 3 * weight)
             idle = found["dualpipev"]["window_idle"]
-            dualpipe_rows.append([f"{forward} : {backward} : {weight}", f"{overlap:g}", stages, 4 * stages,
+            dualpipe_rows.append([f"{forward} : {input_grad} : {weight}", f"{overlap:g}", stages, 4 * stages,
                                   f"{idle:g}", f"{formula:g}", f"{formula - idle:+g}"])
 dualpipe_table = table(["a chunk's F : I : W", "overlap", "n", "m", "replay's idle", "DeepSeek's formula",
                         "formula - replay"], dualpipe_rows)

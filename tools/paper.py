@@ -17,7 +17,7 @@ class Row(NamedTuple):
     p: int
     m: int
     forward: int
-    backward: int
+    input_grad: int  # T_B: our I
     weight: int
     message: int
     h: int
