@@ -59,7 +59,8 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
         _mesh = init_device_mesh(_device.type, tuple(sizes.values()), mesh_dim_names=tuple(sizes),
                                  backend_override=dict.fromkeys(sizes, options))
         _group, _rank, _num_ranks = _mesh.get_group("pp"), _mesh.get_local_rank("pp"), _mesh.size(1)
-    harness.plan_stages(args, _rank, _num_ranks, stage_of)  # each stage's blocks (args.blocks), and --pace's spans
+    args.blocks = partition(args.layers, _num_ranks * args.virtual_stages)  # each stage's count of blocks
+    harness.plan_stages(args, _rank, _num_ranks, stage_of)  # --partition's other splits, and --pace's spans
     return _rank, _num_ranks, _device
 
 
@@ -78,11 +79,10 @@ def seed_for(seed, *what):
 
 
 def partition(num_layers, num_stages):
-    """Contiguous stages of equal counts: [(first, last), ...]; the leftover layers go to the first
+    """Each stage's count of layers, contiguous and as equal as can be: the leftover layers go to the first
     stages, since the last one also holds the head."""
     base, leftover = divmod(num_layers, num_stages)
-    firsts = [stage * base + min(stage, leftover) for stage in range(num_stages + 1)]
-    return list(zip(firsts, firsts[1:]))
+    return [base + (stage < leftover) for stage in range(num_stages)]
 
 
 class Stage(nn.Module):
@@ -122,7 +122,7 @@ def _init_linear(linear, seed, layer, gain):
 
 def build_stage(args, stage, num_stages, device):
     """Stage `stage` of `num_stages`, and only it, in the run's dtype on its device: its count of blocks is
-    args.blocks[stage], partition's unless --partition says otherwise."""
+    args.blocks[stage], partition's even split (setup) unless --partition says otherwise."""
     first = sum(args.blocks[:stage])
     return Stage(args, first, first + args.blocks[stage], has_head=stage == num_stages - 1).to(device, _dtype)
 

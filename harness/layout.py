@@ -7,20 +7,16 @@ from harness.meters import pace_at
 
 
 def plan_stages(args, rank, num_ranks, stage_of):
-    """Once the pipeline is known (common.setup): each stage's count of blocks, as --partition says (args.blocks:
-    common.partition's even split, the counts given, or balanced, the split whose replay of this script's table at
-    the stages' counted costs takes the least step: theory.balanced), and --pace's span of each of this rank's
-    chunks, its stage's counted cost over the mean stage's (pace_at)."""
-    from common import partition  # common imports the harness: imported here, once both are loaded
-
+    """Once the pipeline is known (common.setup, which shares the blocks out evenly in args.blocks): each stage's
+    count of blocks as --partition says, if not even (the counts given, or balanced: the split whose replay of this
+    script's table at the stages' counted costs takes the least step, theory.balanced), and --pace's span of each of
+    this rank's chunks, its stage's counted cost over the mean stage's (pace_at)."""
     num_stages = num_ranks * args.virtual_stages
-    if args.partition == "even":
-        args.blocks = [last - first for first, last in partition(args.layers, num_stages)]
-    elif args.partition == "balanced":  # 01 takes no --schedule: its one micro-batch runs GPipe's table at m = 1
+    if args.partition == "balanced":  # 01 takes no --schedule: its one micro-batch runs GPipe's table at m = 1
         table = schedules.load(getattr(args, "schedule", "gpipe"), num_ranks, args.micro_batches,
                                args.virtual_stages).tables
         args.blocks = theory.balanced(args.layers, table, stage_of, num_stages, args.hidden, args.classes)
-    else:
+    elif args.partition != "even":
         args.blocks = [int(count) for count in args.partition.split(",")]
     costs = theory.counted_costs(args.blocks, args.hidden, args.classes)
     pace_at(costs, [stage_of(rank, chunk) for chunk in range(args.virtual_stages)])

@@ -286,7 +286,7 @@ def paced_theory(tables, placement, layers, hidden=24, classes=10, blocks=None, 
     stages' counted costs (theory.paced_spans; unit: UNIT_COSTS for 09, which runs a full backward as I then W),
     each stage's blocks `blocks`, or the even partition of `layers`."""
     n, chunks = len(tables), 1 + max(chunk for table in tables for _, chunk, _ in table)
-    blocks = blocks or [last - first for first, last in common.partition(layers, n * chunks)]
+    blocks = blocks or common.partition(layers, n * chunks)
     spans = theory.paced_spans(theory.counted_costs(blocks, hidden, classes), unit)
     return theory.busiest_bubble(tables, lambda rank, chunk: stage(placement, n, rank, chunk), n * chunks, spans)
 

@@ -113,7 +113,7 @@ def test_held_bytes_are_the_tables_count(runs, name):
     world, m, rows, hidden, layers = 4, 8, 2, 24, 16
     summary = pipelined(runs, SCRIPT, world, m, "--schedule", name, size=MEMORY).summary
     num_chunks = chunks(name)
-    blocks = [last - first for first, last in partition(layers, world * num_chunks)]
+    blocks = partition(layers, world * num_chunks)
     theory = held_count(schedules.table(name, world, m, num_chunks), schedules.SCHEDULES[name][1], blocks, rows,
                         hidden)
     assert [held / (rows * hidden * 8) for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
@@ -210,7 +210,7 @@ def test_overlap_paces_each_f_and_b_step_at_its_share(runs, again):
     n, m, overlap = 4, 8, 0.75
     summary = paced(runs, again, "dualpipev", None, "--overlap", str(overlap))
     tables = schedules.dualpipev(n, m)
-    blocks = [last - first for first, last in partition(8, 2 * n)]
+    blocks = partition(8, 2 * n)
     spans = paced_spans(counted_costs(blocks, 24, 10), UNIT_COSTS)
 
     def stage_of(rank, chunk):
@@ -231,7 +231,7 @@ def test_plan_is_what_runs(runs, again, saved):
     micro-batches is 09's measured peak."""
     result = python("tools/plan.py", "--stages", "4", "--micro-batches", "8", *MODEL, "--json", check=True)
     planned = {row["schedule"]: row for row in map(json.loads, result.stdout.splitlines())
-               if row["partition"] == [last - first for first, last in partition(8, 4 * row["chunks"])]}
+               if row["partition"] == partition(8, 4 * row["chunks"])}
     assert sorted(planned) == sorted([*NAMES, "search"])
     for name, row in planned.items():
         table = saved(4, 8, *MODEL) if name == "search" else name
@@ -294,7 +294,7 @@ def test_a_saved_plan_holds_its_count(runs, saved, plan_flags):
     world, m, rows, hidden, layers = 4, 8, 2, 24, 16
     summary = pipelined(runs, SCRIPT, world, m, "--schedule", saved(world, m, *plan_flags), size=MEMORY).summary
     placement, chunks, tables = searched(world, m, plan_flags)
-    blocks = [last - first for first, last in partition(layers, world * chunks)]
+    blocks = partition(layers, world * chunks)
     theory = held_count(tables, placement, blocks, rows, hidden)
     assert [held / (rows * hidden * 8) for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)
 
@@ -378,7 +378,7 @@ def test_recompute_matches_baseline_and_holds_its_count(runs, name, world, micro
     rows, hidden, layers = 16 // 8, 24, 16
     summary = pipelined(runs, SCRIPT, 4, 8, "--schedule", name, "--recompute", size=MEMORY).summary
     num_chunks = chunks(name)
-    blocks = [last - first for first, last in partition(layers, 4 * num_chunks)]
+    blocks = partition(layers, 4 * num_chunks)
     theory = held_count(schedules.table(name, 4, 8, num_chunks), schedules.SCHEDULES[name][1], blocks, rows, hidden,
                         recompute=True)
     assert [held / (rows * hidden * 8) for held in summary["peak_held_bytes"]] == pytest.approx(theory, abs=1e-9)

@@ -156,7 +156,7 @@ def split(args, num_stages):
     if args.partition == "even":
         if num_stages > args.layers:
             raise ValueError(f"{num_stages} stages cannot share --layers {args.layers}.")
-        return [last - first for first, last in common.partition(args.layers, num_stages)]
+        return common.partition(args.layers, num_stages)
     blocks = [int(count) for count in args.partition.split(",")]
     if len(blocks) != num_stages:
         raise ValueError(f"--partition {args.partition} gives {len(blocks)} stages, this layout has {num_stages}.")
