@@ -71,11 +71,11 @@ def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0, overlap=1
     on its rank) is missing."""
     rank_of = {stage_of(rank, chunk): rank for rank, table in enumerate(tables) for _, chunk, _ in table}
     costs = _per_stage(cost, num_stages)
+    placed = [_placed(table, rank, stage_of, costs, overlap) for rank, table in enumerate(tables)]
     ends, spans, clock, position = {}, {}, [0.0] * len(tables), [0] * len(tables)
 
-    def ready(rank, kind, chunk, micro_batch):
+    def ready(rank, kind, stage, micro_batch):
         """When the input of one computation is in, or None while it is not yet made."""
-        stage = stage_of(rank, chunk)
         if kind == "forward":
             needed = "forward", stage - 1, micro_batch
         elif kind == "weight":
@@ -91,22 +91,21 @@ def replay(tables, stage_of, num_stages, cost=UNIT_COSTS, message=0.0, overlap=1
     progress = True
     while progress:
         progress = False
-        for rank, table in enumerate(tables):
-            while position[rank] < len(table):
-                step = _step(table, position[rank])
-                inputs = [ready(rank, *computation) for computation in step]
+        for rank, rank_steps in enumerate(placed):
+            while position[rank] < len(rank_steps):
+                step, lasts = rank_steps[position[rank]]
+                inputs = [ready(rank, kind, stage, micro_batch) for kind, stage, micro_batch, _ in step]
                 if None in inputs:
                     break  # an input is not made yet: another rank first
                 start = max([clock[rank], *inputs])
-                end = start + _lasts(step, rank, stage_of, costs, overlap)
-                for kind, chunk, micro_batch in step:
-                    stage = stage_of(rank, chunk)
+                end = start + lasts
+                for kind, stage, micro_batch, its_cost in step:
                     spans[kind, stage, micro_batch] = start, end  # its result is out at the step's end
                     made = "forward" if kind == "forward" else "weight" if kind == "weight" else "backward"
                     ends[made, stage, micro_batch] = end
-                    start += costs[stage][kind]
+                    start += its_cost
                 clock[rank] = end
-                position[rank] += len(step)
+                position[rank] += 1
                 progress = True
     return spans
 
@@ -123,7 +122,7 @@ def computing(tables, stage_of, num_stages, cost=UNIT_COSTS, overlap=1.0):
     """Each rank's time computing, its table at cost[kind] (or cost[stage][kind]) a computation, an F&B step
     (a forward and the overlapped backward after it) at `overlap` of its two parts."""
     costs = _per_stage(cost, num_stages)
-    return [sum(_lasts(step, rank, stage_of, costs, overlap) for step in steps(table))
+    return [sum(lasts for _, lasts in _placed(table, rank, stage_of, costs, overlap))
             for rank, table in enumerate(tables)]
 
 
@@ -145,10 +144,17 @@ def _parts(step, rank, stage_of, costs):
     return [costs[stage_of(rank, chunk)][kind] for kind, chunk, _ in step]
 
 
-def _lasts(step, rank, stage_of, costs, overlap):
-    """How long a step of this rank lasts: its computation's cost, or `overlap` of an F&B step's two parts."""
-    parts = _parts(step, rank, stage_of, costs)
-    return (overlap if len(parts) == 2 else 1) * sum(parts)
+def _placed(table, rank, stage_of, costs, overlap):
+    """A rank's table as its steps (_step), each a list of (kind, stage, micro_batch, cost) and how long it lasts:
+    its computation's cost, or `overlap` of an F&B step's two parts. What replay and computing read, worked out once."""
+    stages = {chunk: stage_of(rank, chunk) for _, chunk, _ in table}
+    placed = []
+    for step in steps(table):
+        computations = [(kind, stages[chunk], micro_batch, costs[stages[chunk]][kind])
+                        for kind, chunk, micro_batch in step]
+        parts = [part for *_, part in computations]
+        placed.append((computations, overlap * sum(parts) if len(parts) == 2 else parts[0]))
+    return placed
 
 
 def _step(table, position):
