@@ -3,9 +3,11 @@ at each call site: `with record("forward", i):`, `with timed_step(step):`, `log_
 `report(args, stages, expected_inflight)`.
 
 flags.py     the flags every script takes, their checks, and ending a run with one sentence
-startup.py   cores and threads, errors as sentences, the same flags and one clock on every rank; finish, dump
+startup.py   cores and threads, errors as sentences, the same flags and one clock on every rank, a message's
+             latency; finish, dump
 meters.py    what each rank measures as it runs: bytes held, spans, step times, when sends and receives are posted
-summary.py   report: every rank's records on rank 0, the summary, its comparison with theory, the table
+summary.py   report: every rank's records on rank 0, the summary, its comparison with theory, each rank's step
+             in parts beside the step's limit, the table
 pictures.py  the last step as text and as an SVG, and every span as a Chrome trace
 layout.py    once the pipeline is known: each stage's blocks as --partition says, --pace's spans by their cost
 """

@@ -50,11 +50,12 @@ class _Meter:
 
 
 class _Recorder:
-    """This rank's records so far, its device, its offset to rank 0's clock, and the switches that
-    --no-instrument, --overhead and --pace set."""
+    """This rank's records so far, its device, its offset to rank 0's clock, a message's latency, and the switches
+    that --no-instrument, --overhead and --pace set."""
 
     def __init__(self):
         self.device, self.offset = torch.device("cpu"), 0.0  # offset: add to time.perf_counter() for rank 0's clock
+        self.latency = 0.0  # seconds an activation takes to the next stage, measured at start-up (rank 0's)
         self.enabled, self.alternate = True, False  # alternate (--overhead): instrument the even steps only
         self.pace, self.overruns = 0.0, 0  # --pace in seconds, and the computations that took longer
         self.paces = [1.0]  # each of this rank's chunks' span in paces (pace_at)

@@ -86,13 +86,18 @@ def write_svg(path, spans, num_chunks, summary):
         file.write("\n".join(parts + ["</svg>"]) + "\n")
 
 
-def write_trace(path, spans, chunks, stages, blocks):
+def write_trace(path, spans, chunks, stages, blocks, stretches):
     """Chrome trace format: one process per rank, one complete ("X") event per span, its stage in its args (stages:
-    each rank's chunks' stages), and each stage's blocks in otherData (tools/plan.py --costs-from reads both)."""
+    each rank's chunks' stages), and each stage's blocks in otherData (tools/plan.py --costs-from reads both); under
+    it, a row of the rank's step in its parts (stretches: each rank's, summary's Stretch), as begin and end events."""
     origin = min(span.start for rank in spans for span in rank)
     events = []
     for rank, rows in enumerate(spans):
         events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": 1, "args": {"name": "step in parts"}})
+        for stretch in stretches[rank]:  # "B" and "E", not "X": readers of the spans take only complete events
+            events += [{"name": stretch.part, "cat": stretch.part, "ph": phase, "pid": rank, "tid": 1,
+                        "ts": 1e6 * (time - origin)} for phase, time in (("B", stretch.start), ("E", stretch.end))]
         for span in rows:
             name = f"{span.kind} {span.micro_batch}" + (f".{span.chunk}" if chunks else "")
             events.append({"name": name if span.kind in COMPUTE else span.kind, "cat": span.kind, "ph": "X",

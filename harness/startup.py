@@ -1,5 +1,5 @@
 """Start-up and the end: cores and threads, errors as sentences, the same flags on every rank, one
-clock for all; leaving cleanly, and writing tensors for the tests."""
+clock for all, a message's measured latency; leaving cleanly, and writing tensors for the tests."""
 
 import math
 import os
@@ -32,12 +32,13 @@ def before_setup(args):
 
 
 def after_setup(args, device):
-    """Errors as sentences, the same flags on every rank, and one clock for all."""
+    """Errors as sentences, the same flags on every rank, one clock for all, and a message's latency."""
     global _torch_excepthook
     _torch_excepthook, sys.excepthook = sys.excepthook, _excepthook  # after init_process_group, which sets its own
     recorder.device = device
     _check_same_flags(args)
     _sync_clock()
+    _measure_latency(args)
 
 
 def _check_same_flags(args):
@@ -77,6 +78,28 @@ def _sync_clock():
                 received = idle_now()
                 if received - sent < best_round_trip:  # rank 0 read its clock halfway, give or take
                     best_round_trip, recorder.offset = received - sent, buffer.item() - (sent + received) / 2
+
+
+def _measure_latency(args, round_trips=16):
+    """The one-way time of one micro-batch's activation (rows x hidden, the run's dtype) from rank 0 to the rank
+    of its next stage and back (a stage's shards are neighbouring ranks): the least half round trip, after one
+    that opens the connection, kept on rank 0 (recorder.latency; 0 in a pipeline of one stage)."""
+    rank, peer = dist.get_rank(), args.tensor_parallel
+    if dist.get_world_size() // args.data_parallel // args.tensor_parallel < 2 or rank not in (0, peer):
+        return
+    rows = max(1, args.batch_size // args.data_parallel // args.micro_batches)
+    message = torch.zeros(rows, args.hidden, dtype=getattr(torch, args.dtype), device=recorder.device)
+    halves = []
+    for _ in range(round_trips + 1):
+        sent = idle_now()
+        if rank == 0:
+            dist.send(message, peer)
+            dist.recv(message, peer)
+        else:
+            dist.recv(message, 0)
+            dist.send(message, 0)
+        halves.append((idle_now() - sent) / 2)
+    recorder.latency = min(halves[1:])
 
 
 def _machine_id():

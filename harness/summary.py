@@ -1,8 +1,10 @@
 """The end of a run: every rank's records on rank 0, the summary of what each rank computed, idled
-and held, its comparison with the theory, the table and the JSON line."""
+and held, its comparison with the theory, its step in parts beside the step's limit, the table and the JSON line."""
 
+import bisect
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -19,6 +21,8 @@ from harness.startup import finish
 # One rank's records (see meters.py), its model chunks' (first, last) layers, its peak activation and
 # held bytes, torch.cuda.max_memory_allocated (-1 on the CPU), its computations longer than --pace, its parameter bytes.
 Records = namedtuple("Records", "spans steps losses posts layers activation_peak held_peak cuda_peak overruns params")
+PARTS = ("compute", "schedule_wait", "extra_wait", "runtime", "outside")  # a step's parts: each instant in one
+Stretch = namedtuple("Stretch", "part start end")  # a stretch of a rank's time in one part, on rank 0's clock
 
 
 def report(args, stages, expected_inflight, bubble_theory=None, expected_parameter_bytes=None):
@@ -53,11 +57,11 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
             print(f"step time (median) {summary['step_ms_median']:.1f} ms")
         else:
             summary.update(_per_rank(ranks, measured, len(ranks) // args.data_parallel, expected_inflight))
-            _compare(args, summary, ranks, measured)
+            stretches = _compare(args, summary, ranks, measured)
             print(pictures.timeline(spans, len(stages)))
             print(_table(summary, [rank.layers for rank in ranks]))
         if args.trace:
-            pictures.write_trace(args.trace, spans, chunks, _stages(ranks), args.blocks)
+            pictures.write_trace(args.trace, spans, chunks, _stages(ranks), args.blocks, stretches)
         if args.svg:
             pictures.write_svg(args.svg, spans, len(stages), summary)
         if args.json:
@@ -66,8 +70,8 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
 
 
 def _summarize(args, ranks, timed, measured):
-    """The run's shape, its losses, its step times (each from the first rank's start to the last's end), and
-    each rank's layers (a pair, or a pair per model chunk) and parameter bytes."""
+    """The run's shape, its losses, its step times (each from the first rank's start to the last's end), a message's
+    latency, and each rank's layers (a pair, or a pair per model chunk) and parameter bytes."""
     times = [time for rank in ranks for time in rank.steps]
     step_ms = {step: 1e3 * (max(t.end for t in times if t.step == step) - min(t.start for t in times if t.step == step))
                for step in timed}
@@ -79,6 +83,7 @@ def _summarize(args, ranks, timed, measured):
                                                   "recompute")},
         "losses": max(reversed([rank.losses for rank in ranks]), key=len),  # the last rank's that has any: the head's
         "step_ms_median": statistics.median_high([step_ms[step] for step in measured]),
+        "message_latency_ms": 1e3 * recorder.latency,  # measured at start-up (startup._measure_latency)
         "stage_layers": layers if len(ranks[0].layers) > 1 else [chunk for (chunk,) in layers],
         "parameter_bytes": [rank.params for rank in ranks],
         "classes": args.classes, "partition": args.partition, "blocks": args.blocks,
@@ -167,7 +172,8 @@ def _peak_inflight(work):
 
 def _compare(args, summary, ranks, measured):
     """The busiest rank against the theory and against this run's order replayed at its mean span
-    times, and the sends posted before their receive, over the measured steps."""
+    times, the sends posted before their receive, and each rank's step in parts beside the step's limit (_account),
+    over the measured steps. Returns each rank's stretches (_account), for --trace."""
     num_stages = len(ranks) // args.data_parallel  # ranks in a pipeline (08: a copy, its stages' shards in step)
     busiest = max(range(len(ranks)), key=lambda rank: summary["compute_ms"][rank])
     summary["busiest_rank"], summary["bubble_busiest"] = busiest, summary["bubble_per_rank"][busiest]
@@ -189,6 +195,7 @@ def _compare(args, summary, ranks, measured):
     summary["sent_bytes"] = [sum(post.nbytes for post in rank.posts if post.is_send and post.step in measured)
                              // len(measured) for rank in ranks]
     summary["pace_ms"], summary["paced_overruns"] = args.pace, sum(rank.overruns for rank in ranks)
+    return _account(summary, ranks, measured, num_stages, at_costs)
 
 
 def _replayed(ranks, step, num_stages, span_ms):
@@ -196,11 +203,147 @@ def _replayed(ranks, step, num_stages, span_ms):
     span of a kind on a stage taking span_ms[stage][kind]. Stages are ordered by their first layer."""
     bubbles, stages = [], _stages(ranks)
     for first in range(0, len(ranks), num_stages):
-        pipeline = ranks[first:first + num_stages]
-        schedules = [[(span.kind, span.chunk, span.micro_batch) for span in sorted(rank.spans, key=lambda s: s.start)
-                      if span.step == step and span.kind in COMPUTE] for rank in pipeline]
-        bubbles += theory.bubbles(schedules, lambda rank, chunk: stages[first + rank][chunk], len(span_ms), span_ms)
+        bubbles += theory.bubbles(_orders(ranks, step, first, num_stages),
+                                  lambda rank, chunk: stages[first + rank][chunk], len(span_ms), span_ms)
     return bubbles
+
+
+def _orders(ranks, step, first, num_stages):
+    """The order of (kind, chunk, micro_batch) each rank of the pipeline from rank `first` computed in `step`."""
+    return [[(span.kind, span.chunk, span.micro_batch) for span in sorted(rank.spans, key=lambda s: s.start)
+             if span.step == step and span.kind in COMPUTE] for rank in ranks[first:first + num_stages]]
+
+
+def _account(summary, ranks, measured, num_stages, span_ms):
+    """Each rank's step in PARTS that add up to it (step_parts_ms, ms), the mean step (step_ms_mean) and the step's
+    limit (step_limit_ms), over the measured steps (_windows). The replay (theory.replay) runs the pipeline's order
+    in the last measured step at span_ms (each stage's mean spans), each message taking the measured latency. Steps
+    follow one another, so a rank's outside must fit between its last computation of a step and its first of the
+    next: the limit is the replay's length less the rank's idle time before its first computation and after its
+    last, plus its outside, for the rank where that is most. Returns each rank's stretches, for --trace."""
+    stages, message_ms, windows = _stages(ranks), summary["message_latency_ms"], _windows(ranks, measured)
+    stretches, limits = [[] for _ in ranks], []
+    for first in range(0, len(ranks), num_stages):
+        pipeline = ranks[first:first + num_stages]
+        orders = _orders(ranks, measured[-1], first, num_stages)
+        stage_of = lambda rank, chunk: stages[first + rank][chunk]  # noqa: E731
+        replay = theory.replay(orders, stage_of, len(span_ms), span_ms, message_ms)
+        length = max(end for _, end in replay.values()) / 1e3  # seconds, as the spans
+        idle = [_replayed_idle(order, replay, length, lambda chunk: stage_of(rank, chunk))
+                for rank, order in enumerate(orders)]
+        outsides = [_between_steps(rank) for rank in pipeline]
+        outside = [sum(s.end - s.start for s in _clipped(rank, windows)) / len(measured) for rank in outsides]
+        limit = max(length - at_ends + rank_outside for (_, at_ends), rank_outside in zip(idle, outside))
+        for rank, ((between, at_ends), rank_outside) in enumerate(zip(idle, outside)):
+            ends = limit - (length - at_ends) - rank_outside  # the idle time the limit leaves the rank at its ends
+            stretches[first + rank] = _clipped(_stretches(pipeline[rank], outsides[rank], between, ends), windows)
+        limits.append(limit)
+    summary["step_ms_mean"] = 1e3 * sum(end - start for start, end in windows) / len(measured)
+    summary["step_parts_ms"] = [{part: 1e3 * sum(s.end - s.start for s in rank if s.part == part) / len(measured)
+                                 for part in PARTS} for rank in stretches]
+    summary["step_limit_ms"] = 1e3 * max(limits)
+    return stretches
+
+
+def _windows(ranks, measured):
+    """Each measured step, (start, end) on rank 0's clock: from the end of the last computation anywhere in the
+    previous step (where that step has no spans, --overhead, the first rank's start of this one) to the end of the
+    last in this one. Steps so cut follow one another, and each lasts the run's period, the same on every rank."""
+    last = defaultdict(lambda: -math.inf)  # step -> the end of its last computation
+    for span in (span for rank in ranks for span in rank.spans if span.kind in COMPUTE):
+        last[span.step] = max(last[span.step], span.end)
+    return [(last[step - 1] if step - 1 in last else min(t.start for rank in ranks for t in rank.steps
+                                                          if t.step == step), last[step]) for step in measured]
+
+
+def _between_steps(rank):
+    """The Stretches a rank is outside its steps: from its last computation or wait in a step to its first in the
+    next (each step with spans), and before its first and after its last."""
+    edges = defaultdict(list)  # step -> the starts and ends of its spans
+    for span in rank.spans:
+        edges[span.step] += [span.start, span.end]
+    ends = [-math.inf] + [edge for step in sorted(edges) for edge in (min(edges[step]), max(edges[step]))] + [math.inf]
+    return [Stretch("outside", start, end) for start, end in zip(ends[::2], ends[1::2])]
+
+
+def _replayed_idle(order, replay, length, stage_of):
+    """Seconds the replay (theory.replay's, in ms; `length` seconds long) leaves a rank idle: before each of its
+    computations but the first, from the previous one's end, by (kind, chunk, micro_batch); and at its ends,
+    before its first computation and after its last."""
+    between, previous_end = {}, None
+    for kind, chunk, micro_batch in order:
+        start, end = (time / 1e3 for time in replay[kind, stage_of(chunk), micro_batch])
+        if previous_end is None:
+            before_first = start
+        else:
+            between[kind, chunk, micro_batch] = start - previous_end
+        previous_end = end
+    return between, before_first + length - previous_end
+
+
+def _stretches(rank, outside, between, ends):
+    """A rank's whole run cut into Stretches, each instant in one part: outside, between steps (_between_steps's);
+    compute, in a computation; else waiting, in a wait or a collective; else runtime, the runtime's own. Waiting is
+    schedule_wait for as long as the replay idles there, extra_wait beyond: before a computation, for between[it];
+    before a step's first computation (and after the last), for `ends` (the replay's idle time at the rank's ends,
+    less its outside)."""
+    waiting = [Stretch("wait", *interval) for interval in _union([(span.start, span.end) for span in rank.spans
+                                                                    if span.kind not in COMPUTE])]
+    covered = sorted(waiting + outside, key=lambda stretch: stretch.start)
+    computations = sorted((span for span in rank.spans if span.kind in COMPUTE), key=lambda span: span.start)
+    stretches, done = [], -math.inf  # the end of the last computation so far
+    for previous, computation in zip([None] + computations, computations + [None]):
+        if computation is None or previous is None or previous.step != computation.step:
+            schedule = ends
+        else:
+            schedule = between[computation.kind, computation.chunk, computation.micro_batch]
+        for start, end, part in _pieces(done, math.inf if computation is None else computation.start, covered):
+            if part != "wait":
+                stretches.append(Stretch(part or "runtime", start, end))
+                continue
+            expected = min(end, start + schedule)  # the schedule's waiting comes first, then the extra
+            stretches += [Stretch("schedule_wait", start, expected), Stretch("extra_wait", expected, end)]
+            schedule -= expected - start
+        if computation is not None:
+            stretches.append(Stretch("compute", max(done, computation.start), computation.end))
+            done = max(done, computation.end)
+    return stretches
+
+
+def _clipped(stretches, windows):
+    """The parts of Stretches within windows, (start, end) in order: each cut at the windows' edges."""
+    starts, clipped = [low for low, _ in windows], []
+    for stretch in stretches:
+        first = max(0, bisect.bisect(starts, stretch.start) - 1)  # the window it starts in (or the first)
+        for low, high in windows[first:bisect.bisect(starts, stretch.end)]:
+            if max(stretch.start, low) < min(stretch.end, high):
+                clipped.append(stretch._replace(start=max(stretch.start, low), end=min(stretch.end, high)))
+    return clipped
+
+
+def _union(intervals):
+    """Intervals (start, end) merged where they overlap, in order."""
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = merged[-1][0], max(merged[-1][1], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _pieces(start, end, covered):
+    """[start, end] cut at the edges of `covered` (Stretches, disjoint, in order): (start, end, part) in order, the
+    part None where nothing covers."""
+    pieces = []
+    for stretch in covered[bisect.bisect(covered, start, key=lambda stretch: stretch.end):]:  # those ending after start
+        if stretch.start >= end:
+            break
+        low, high = max(stretch.start, start), min(stretch.end, end)
+        if low < high:
+            pieces += [(start, low, None), (low, high, stretch.part)]
+            start = high
+    return pieces + [(start, end, None)]
 
 
 def _sends_before_receive(ranks, measured):
@@ -257,6 +400,12 @@ def _table(summary, layers):
         instrumented, bare = summary["step_ms_median"], summary["step_ms_median_bare"]
         lines.append(f"--overhead: {instrumented:.1f} ms a step instrumented (even steps), {bare:.1f} ms bare "
                      f"(odd steps), medians: {100 * (instrumented / bare - 1):+.1f}%")
+    step, limit = summary["step_ms_mean"], summary["step_limit_ms"]
+    lines.append(f"step (mean) {step:.1f} ms on the busiest rank {summary['busiest_rank']}: " + ", ".join(
+        f"{part} {ms:.1f}" for part, ms in summary["step_parts_ms"][summary["busiest_rank"]].items()) + " ms")
+    lines.append(f"limit {limit:.1f} ms (this order at its mean spans, each message {summary['message_latency_ms']:.3f}"
+                 f" ms as measured, plus outside): {step - limit:.1f} ms a step beyond it, the runtime's (within "
+                 "extra_wait + runtime)")
     return "\n".join(lines)
 
 
