@@ -86,10 +86,11 @@ def write_svg(path, spans, num_chunks, summary):
         file.write("\n".join(parts + ["</svg>"]) + "\n")
 
 
-def write_trace(path, spans, chunks, stages, blocks, stretches):
+def write_trace(path, spans, chunks, stages, other, stretches):
     """Chrome trace format: one process per rank, one complete ("X") event per span, its stage in its args (stages:
-    each rank's chunks' stages), and each stage's blocks in otherData (tools/plan.py --costs-from reads both); under
-    it, a row of the rank's step in its parts (stretches: each rank's, summary's Stretch), as begin and end events."""
+    each rank's chunks' stages); under it, a row of the rank's step in its parts (stretches: each rank's, summary's
+    Stretch), as begin and end events; `other` in otherData: each stage's blocks, the steps measured (the first
+    pays for warm-up) and a message's latency (tools/plan.py --costs-from reads them all)."""
     origin = min(span.start for rank in spans for span in rank)
     events = []
     for rank, rows in enumerate(spans):
@@ -106,4 +107,4 @@ def write_trace(path, spans, chunks, stages, blocks, stretches):
                            "args": {"step": span.step, "micro_batch": span.micro_batch, "chunk": span.chunk,
                                     "stage": stages[rank][span.chunk]}})
     with open(path, "w") as file:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"blocks": blocks}}, file)
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}, file)

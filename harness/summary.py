@@ -61,7 +61,9 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
             print(pictures.timeline(spans, len(stages)))
             print(_table(summary, [rank.layers for rank in ranks]))
         if args.trace:
-            pictures.write_trace(args.trace, spans, chunks, _stages(ranks), args.blocks, stretches)
+            other = {"blocks": args.blocks, "measured_steps": measured,
+                     "message_latency_ms": summary["message_latency_ms"]}
+            pictures.write_trace(args.trace, spans, chunks, _stages(ranks), other, stretches)
         if args.svg:
             pictures.write_svg(args.svg, spans, len(stages), summary)
         if args.json:

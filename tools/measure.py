@@ -44,6 +44,8 @@ PP_DP = "--layers 7 --hidden 24 --steps 8 --threads 1 --lr 0.01 --dtype float64 
 SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS = 4, 4, 3
 HEAVY = "--layers 16 --hidden 1024 --classes 16384 --batch-size 256 --micro-batches 8 --steps 6"  # a heavy head
 HEAVY_ROUNDS = 3
+PREDICT = "--layers 12 --hidden 768 --batch-size 192 --micro-batches 6 --steps 10"  # plan.py's prediction, 2 ranks
+PREDICT_ROUNDS = 3
 README_PACED = PACED.replace("--hidden 64", "--hidden 1024")  # the README's pacing example: a head 10/1024 of a block
 if args.quick:
     PACED = "--layers 8 --hidden 16 --batch-size 16 --steps 2 --pace 10"
@@ -52,7 +54,8 @@ if args.quick:
     DEFAULT = "--hidden 32 --batch-size 16 --steps 6"
     PP_DP = PP_DP.replace("--steps 8", "--steps 2").replace("--pace 30", "--pace 10")
     HEAVY = "--layers 4 --hidden 32 --classes 512 --batch-size 16 --micro-batches 4 --steps 3"
-    SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = HEAVY_ROUNDS = 1
+    PREDICT = "--layers 4 --hidden 32 --batch-size 16 --micro-batches 4 --steps 3"
+    SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = HEAVY_ROUNDS = PREDICT_ROUNDS = 1
     README_PACED = PACED
     args.recompute_rounds = min(args.recompute_rounds, 1)
 
@@ -117,8 +120,8 @@ def gradient_hop(trace, sender, receiver):
 out = []  # the sections of measured.md, in order
 # Each file's tables between markers, <!-- from measure.py: NAME --> ... <!-- end of measure.py's NAME -->, by name;
 # tests/test_docs.py reads this mapping and checks that every file has the markers of its names, and no others.
-MARKED = {"README.md": ["paced"], "docs/design.md": ["partition", "schedules", "recompute"],
-          "docs/planning.md": ["plan", "paper", "dualpipe"]}
+MARKED = {"README.md": ["paced", "accounting"], "docs/design.md": ["partition", "schedules", "recompute"],
+          "docs/planning.md": ["plan", "paper", "dualpipe", "predict"]}
 marked_tables = {}  # NAME -> its table (or lines), as measured in this run
 
 # (1) Paced: every computation padded to the pace, four ranks, the pictures drawn by --svg.
@@ -370,6 +373,29 @@ is what messages and shared cores cost. Spans are the mean F / B (I where it is 
 
 {table(["", "step (ms)", "step / 03's", "each round (ms)", "busiest rank's bubble", "theory", "theory at its costs",
         "excess", "spans F / B or I / W (ms)", "sends before their receive, a step (rank 0 / 1)"], rows)}""")
+rows = []
+for index, (name, script, _) in enumerate(SPEED_RUNS):
+    runs = [round_[index] for round_ in speed]
+    if script == "tools/torch_schedules.py":  # no spans: no accounting
+        continue
+    parts = {part: median([s["step_parts_ms"][s["busiest_rank"]][part] for s in runs]) for part in runs[0][
+        "step_parts_ms"][0]}
+    step, limit = median([s["step_ms_mean"] for s in runs]), median([s["step_limit_ms"] for s in runs])
+    rows.append([name, f"{step:.1f}", *(f"{ms:.1f}" for ms in parts.values()), f"{limit:.1f}",
+                 f"{median([s['step_ms_mean'] / s['step_limit_ms'] for s in runs]):.3f}",
+                 f"{median([s['message_latency_ms'] for s in runs]):.3f}"])
+header = ["2 ranks, the default size", "step (ms)", *speed[0][0]["step_parts_ms"][0], "limit (ms)", "step / limit",
+          "message (ms)"]
+accounting = table(header, rows)
+marked_tables["accounting"] = table(header, [row for row in rows if row[0].startswith(("03", "06"))])  # README's
+out.append(f"""### The same runs' steps in parts
+
+Each script's mean step (`step_ms_mean`) and the busiest rank's parts of it (`step_parts_ms`), which add up to
+it, beside the step's limit (`step_limit_ms`: this order replayed at its mean spans, each message at the latency
+the run measured at start-up, plus the time between steps that no rank hides), medians over the rounds;
+docs/reference.md, *A step in parts*, says what each part holds.
+
+{accounting}""")
 
 # (3b) --recompute's price in time: 03 on two ranks at the default size, without and with it, round by round.
 if args.recompute_rounds:
@@ -525,6 +551,54 @@ the ratio is the median of each round's. plan.py's is its replay at the counted 
 {ran()}
 
 {heavy_table}""")
+
+# (9) A real step predicted: tools/plan.py --costs-from one run of 05, each schedule's run column against its own
+# runs, round by round, at 2 ranks.
+PREDICT_RUNS = [("1f1b", "03_1f1b.py", ""), ("interleaved-1f1b", "04_interleaved_1f1b.py", ""),
+                ("zb-h1", "05_zero_bubble.py", ""), ("zbv", "06_zbv.py", ""),
+                *((name, "09_any_schedule.py", f"--schedule {name}")
+                  for name in ("dualpipev", "interleaved-zero-bubble", "looped-bfs"))]
+fitted_on = os.path.join(scratch, "predict-05.json")
+run("05_zero_bubble.py", 2, f"{PREDICT} --trace {fitted_on}")
+predict_rounds = [[run(script, 2, f"{PREDICT} {flags}") for _, script, flags in PREDICT_RUNS]
+                  for _ in range(PREDICT_ROUNDS)]
+model = dict(zip(PREDICT.split()[::2], PREDICT.split()[1::2]))
+command = [sys.executable, "tools/plan.py", "--stages", "2", "--micro-batches", model["--micro-batches"],
+           "--layers", model["--layers"], "--hidden", model["--hidden"], "--costs-from", fitted_on, "--json"]
+even = [int(model["--layers"]) // 2] * 2
+planned = {row["schedule"]: row for row in map(json.loads, subprocess.run(
+    command, cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines())
+    if row.get("partition") in (even, [int(model["--layers"]) // 4] * 4)}
+shown_command = " ".join(command[1:]).replace(os.path.join(scratch, ""), "")
+measured_steps = {name: median([round_[index]["step_ms_mean"] for round_ in predict_rounds])
+                  for index, (name, _, _) in enumerate(PREDICT_RUNS)}
+rows = []
+for index, (name, script, flags) in enumerate(PREDICT_RUNS):
+    step, predicted = measured_steps[name], planned[name]["run_step"] / 1e3
+    rows.append([f"`{script[:-3]}{' ' + flags if flags else ''}`", f"{step:.1f}", f"{predicted:.1f}",
+                 f"{predicted / step - 1:+.1%}", "yes" if abs(predicted / step - 1) <= 0.10 else "**no**",
+                 f"{planned[name]['step'] / 1e3:.1f}",
+                 per_rank(f"{round_[index]['step_ms_mean']:.1f}" for round_ in predict_rounds)])
+pairs = [(a, b) for a in measured_steps for b in measured_steps if measured_steps[a] > 1.05 * measured_steps[b]]
+agreed = [(a, b) for a, b in pairs if planned[a]["run_step"] > planned[b]["run_step"]]
+swapped = ", ".join(f"{a} over {b}" for a, b in pairs if (a, b) not in agreed) or "none"
+predict_table = table(["2 ranks", "measured step (ms)", "plan.py's run (ms)", "off by", "within 10%",
+                       "plan.py's step, free messages and runtime (ms)", "each round (ms)"], rows) + f"""
+
+Of the {len(pairs)} pairs whose measured steps differ by more than 5%, plan.py orders {len(agreed)} as the runs do
+(the others, the slower first: {swapped})."""
+marked_tables["predict"] = predict_table
+out.append(f"""## A real step predicted: plan.py fitted on one run of 05
+
+At `{PREDICT}` on two ranks: one run of 05 with `--trace`, then every schedule's script in {PREDICT_ROUNDS}
+rounds, in turn; the measured step is each run's mean step (`step_ms_mean`, steps back to back), the median
+over the rounds. plan.py's run column (`run_step`) replays each table at the stages' F, I and W fitted on 05's
+trace, each computation and message costing what the runtime spent around 05's, each message the latency that
+run measured, plus each rank's time between steps (`{shown_command}`, the even split's rows).
+
+{ran()}
+
+{predict_table}""")
 
 # The machine, the code, the date: what every figure above depends on.
 with open("/proc/cpuinfo") as file:

@@ -36,7 +36,7 @@ import harness  # noqa: E402
 import schedules  # noqa: E402
 import theory  # noqa: E402
 from harness.pictures import COLOURS  # noqa: E402
-from tools import costs, held, search  # noqa: E402
+from tools import costs, fit, held, search  # noqa: E402
 
 KINDS = ("forward", "backward", "weight")
 
@@ -50,6 +50,7 @@ class Row(NamedTuple):
     simulation: costs.Simulation = None
     error: str = None
     partition: list = None  # with --layers: each stage's blocks
+    run_step: float = None  # with --costs-from: the step a run measures, its runtime and optimizer priced (fit.py)
 
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1])
@@ -81,15 +82,18 @@ parser.set_defaults(layers=None)  # --costs, unless the model is given
 
 
 def trace_spans(path):
-    """A Chrome trace's complete events that have a duration, and the trace itself (a dict, or {} for a list)."""
+    """A Chrome trace's complete events that have a duration, of the steps it measured where it says which (a
+    harness trace's otherData: the first step pays for warm-up), and the trace itself (a dict, or {} for a list)."""
     try:
         with open(path) as file:
             trace = json.load(file)
     except (OSError, ValueError) as error:
         harness.fail(f"cannot read the trace {path}: {error}.")
-    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    events, trace = (trace.get("traceEvents", []), trace) if isinstance(trace, dict) else (trace, {})
+    measured = trace.get("otherData", {}).get("measured_steps")
     return [event for event in events if isinstance(event, dict) and event.get("ph") == "X"
-            and isinstance(event.get("dur"), (int, float))], trace if isinstance(trace, dict) else {}
+            and isinstance(event.get("dur"), (int, float))
+            and (measured is None or event.get("args", {}).get("step") in measured)], trace
 
 
 def costs_from_trace(path):
@@ -186,6 +190,33 @@ def partitioned(row, args):
             row.tables, row.placement, row.chunks, stage_costs, weight_memory=args.weight_memory,
             overlap=args.overlap)))
     return rows
+
+
+def priced(rows, args, cost):
+    """With --costs-from: each row with its run_step, at the trace's fitted prices (fit.py): each stage at its
+    costs (--layers: the row's split's; else the trace's mean spans, a chunk its share) and holding its blocks
+    (else the trace's blocks shared out evenly). The rows as they are if the trace has no step in parts (a trace
+    of another program's)."""
+    _, trace = trace_spans(args.costs_from)
+    blocks = trace.get("otherData", {}).get("blocks") or [1]
+    try:
+        prices = fit.fit(trace)
+    except ValueError:
+        return rows
+    rows_priced = []
+    for row in rows:
+        if row.tables is None:
+            rows_priced.append(row)
+            continue
+        num_stages = len(row.tables) * row.chunks
+        if row.partition is None:
+            stage_costs = [{kind: value / row.chunks for kind, value in cost.items()}] * num_stages
+            stage_blocks = [sum(blocks) / num_stages] * num_stages
+        else:
+            stage_costs, stage_blocks = args.costs_of(row.partition), row.partition
+        rows_priced.append(row._replace(run_step=fit.run_step(row.tables, row.placement, row.chunks, stage_costs,
+                                                              prices, stage_blocks)))
+    return rows_priced
 
 
 def fitted_costs(path):
@@ -337,7 +368,9 @@ def main():
     if args.svg:
         write_svg(args.svg, searched, cost if searched.partition is None else
                   args.costs_of(searched.partition))
-    rows.sort(key=lambda row: row.simulation.step if row.simulation else math.inf)
+    if args.costs_from:
+        rows = priced(rows, args, cost)
+    rows.sort(key=lambda row: (row.run_step or row.simulation.step) if row.simulation else math.inf)
     if args.json:
         for row in rows:
             fields = {"error": row.error} if row.error else {
@@ -346,6 +379,8 @@ def main():
                 "peak_inflight": row.simulation.peak_inflight, "weight_memory": args.weight_memory,
                 "messages": row.simulation.messages,
                 "over_memory": over_memory(row.simulation, args.memory)}
+            if row.run_step is not None:
+                fields["run_step"] = row.run_step
             if row.partition is not None:
                 fields.update(partition=row.partition, stage_costs=[
                     {kind: cost[kind] for kind in KINDS}
@@ -358,8 +393,10 @@ def main():
              f"a stage's F {forward:g}, I {input_grad:g}, W {weight:g}, message {message:g}")
     print(f"n = {args.stages} ranks, m = {args.micro_batches} micro-batches; {model}; the search within memory "
           f"{memory:g}, an I leaving {args.weight_memory:.4g} of its micro-batch for its W")
-    print(f"{'schedule':<24} {'placement':>9} {'chunks':>6} {'step':>10} {'bubble':>7} {'window':>7} {'peak':>6} "
-          f"{'rank 0':>6} {'messages':>8}" + "  partition" * (args.layers is not None))
+    priced_too = any(row.run_step is not None for row in rows)  # a column of each row's run_step
+    print(f"{'schedule':<24} {'placement':>9} {'chunks':>6} {'step':>10}" + f" {'run':>10}" * priced_too +
+          f" {'bubble':>7} {'window':>7} {'peak':>6} {'rank 0':>6} {'messages':>8}" +
+          "  partition" * (args.layers is not None))
     for row in rows:
         start = f"{row.schedule:<24} {row.placement:>9} {row.chunks:>6}"
         if row.error:
@@ -368,7 +405,8 @@ def main():
         simulation = row.simulation
         mark = "  over --memory" if over_memory(simulation, args.memory) else ""
         blocks = "" if row.partition is None else "  " + ",".join(map(str, row.partition))
-        print(f"{start} {simulation.step:>10.1f} {simulation.bubble:>7.3f} {simulation.bubble_window:>7.3f} "
+        run = f" {row.run_step:>10.1f}" if priced_too else ""
+        print(f"{start} {simulation.step:>10.1f}{run} {simulation.bubble:>7.3f} {simulation.bubble_window:>7.3f} "
               f"{max(simulation.peak_inflight):>6g} "
               f"{simulation.peak_inflight[0]:>6g} {max(simulation.messages):>8}{blocks}{mark}")
     saved = f"; its table is in {args.save}: run it with 09_any_schedule.py --schedule {args.save}" * bool(args.save)

@@ -1,0 +1,138 @@
+"""What a real step pays beside its computations, fitted from one run's --trace, and a table's step at those prices
+(tools/plan.py --costs-from). A trace gives each computation's span; its "step in parts" row (harness/summary.py)
+gives the runtime's own time between computations and each rank's time between steps, and its otherData the
+latency the run measured at start-up. Times in microseconds, the trace's unit.
+
+fit         the latency, the runtime per computation and per message, and each rank's time between steps
+run_step    a table's step as a run measures it (step_ms_mean), in microseconds, at a stage's costs and those prices
+"""
+
+from typing import NamedTuple
+
+import theory
+
+COMPUTE = ("forward", "backward", "weight")
+
+
+class Prices(NamedTuple):
+    """What a run pays beside its computations, in microseconds."""
+    latency: float  # a message's, from its send being posted to its receive's end (the run's measured, at start-up)
+    per_computation: float  # the runtime's own time around each computation (bookkeeping, Python)
+    per_message: float  # and for each message a computation receives or sends to another rank (posting it)
+    outside: tuple  # between steps (the optimizer, zero_grad): a block's share and the head's, per stage
+
+
+def fit(trace):
+    """Prices from a harness trace (the dict): the runtime's own time before each computation fitted by least squares
+    as per_computation + per_message x the messages posted there (its own receive, the previous computation's send);
+    each rank's time between steps fitted as a block's share times the blocks it holds plus the head's on the rank
+    that holds the last stage (otherData's blocks: each stage's). ValueError if the trace has no step in parts (a
+    trace of another program's, or of an older version)."""
+    events, other = trace.get("traceEvents", []), trace.get("otherData", {})
+    computations = [event for event in events if event.get("ph") == "X" and event.get("cat") in COMPUTE]
+    parts = _stretches(events)
+    blocks = other.get("blocks")
+    if not parts or "measured_steps" not in other or not blocks:
+        raise ValueError("it has no row of each rank's step in parts: pass the --trace of a run on this version.")
+    measured = set(other["measured_steps"])  # only these steps' stretches are in parts
+    computations = [event for event in computations if event["args"]["step"] in measured]
+    rank_of = {event["args"]["stage"]: event["pid"] for event in computations}
+    samples = []  # (messages posted, runtime's own microseconds) before a computation
+    for rank in parts:
+        mine = sorted((event for event in computations if event["pid"] == rank), key=lambda event: event["ts"])
+        runtime = [(start, end) for part, start, end in parts[rank] if part == "runtime"]
+        for previous, event in zip(mine, mine[1:]):
+            spent = sum(end - start for start, end in runtime if previous["ts"] <= start and end <= event["ts"])
+            posted = _messages(event, rank_of)[0] + _messages(previous, rank_of)[1]
+            samples.append((posted, spent))
+    per_computation, per_message = _line(samples)
+    outside = {rank: sum(end - start for part, start, end in parts[rank] if part == "outside") / len(measured)
+               for rank in parts}
+    holds = {rank: [stage for stage, its_rank in rank_of.items() if its_rank == rank] for rank in parts}
+    shares = [(sum(blocks[stage] for stage in holds[rank]), len(blocks) - 1 in holds[rank], outside[rank])
+              for rank in parts]
+    return Prices(other.get("message_latency_ms", 0.0) * 1e3, per_computation, per_message, _block_and_head(shares))
+
+
+def run_step(tables, placement, num_chunks, stage_costs, prices, blocks):
+    """A table's step as a run measures it, steps back to back: the table replayed (theory.replay) with each
+    computation costing its stage's cost (stage_costs: each stage's {kind: cost}) plus the runtime's per
+    computation and per message it receives or sends to another rank, each message taking the latency; then,
+    since a rank's time between steps must fit between its last computation of one step and its first of the next,
+    the longest of the replay less a rank's idle time at its two ends plus its time between steps (its stages'
+    blocks' shares of it, and the head's if it holds the last stage; blocks: each stage's, fractions allowed)."""
+    num_ranks = len(tables)
+    num_stages = num_ranks * num_chunks
+    stages = {(rank, chunk): theory.stage(placement, num_ranks, rank, chunk) for rank in range(num_ranks)
+              for chunk in range(num_chunks)}
+    rank_of = {stage: rank for (rank, _), stage in stages.items()}
+    priced = []
+    for stage, cost in enumerate(stage_costs):
+        received, sent = {}, {}
+        for kind in cost:
+            towards = (1 if kind == "forward" else -1) if kind != "weight" else 0
+            received[kind] = towards != 0 and rank_of.get(stage - towards, rank_of[stage]) != rank_of[stage]
+            sent[kind] = towards != 0 and rank_of.get(stage + towards, rank_of[stage]) != rank_of[stage]
+        priced.append({kind: value + prices.per_computation + prices.per_message * (received[kind] + sent[kind])
+                       for kind, value in cost.items()})
+    spans = theory.replay(tables, lambda rank, chunk: stages[rank, chunk], num_stages, priced, prices.latency)
+    length = max(end for _, end in spans.values())
+    block, head = prices.outside
+    steps = []
+    for rank, table in enumerate(tables):
+        mine = [spans[kind, stages[rank, chunk], micro_batch] for kind, chunk, micro_batch in table]
+        ends = min(start for start, _ in mine) + length - max(end for _, end in mine)
+        held = [stages[rank, chunk] for chunk in range(num_chunks)]
+        outside = sum(block * blocks[stage] for stage in held) + head * (num_stages - 1 in held)
+        steps.append(length - ends + outside)
+    return max(steps)
+
+
+def _stretches(events):
+    """Each rank's step in parts from the trace's begin and end events: {rank: [(part, start, end)]}."""
+    parts, opened = {}, {}
+    for event in events:
+        if event.get("tid") != 1 or event.get("ph") not in ("B", "E"):
+            continue
+        if event["ph"] == "B":
+            opened[event["pid"]] = event
+        else:
+            begun = opened.pop(event["pid"])
+            parts.setdefault(event["pid"], []).append((begun["name"], begun["ts"], event["ts"]))
+    return parts
+
+
+def _messages(event, rank_of):
+    """How many messages a computation receives and sends to another rank: a forward's input from the previous
+    stage and its output to the next, a backward's the other way, a W none."""
+    if event["cat"] == "weight":
+        return 0, 0
+    stage, rank = event["args"]["stage"], event["pid"]
+    before, after = (stage - 1, stage + 1) if event["cat"] == "forward" else (stage + 1, stage - 1)
+    return int(rank_of.get(before, rank) != rank), int(rank_of.get(after, rank) != rank)
+
+
+def _line(samples):
+    """The least-squares a + b x through (x, y) samples, b at least 0 (else a is the mean)."""
+    count = len(samples)
+    mean_x = sum(x for x, _ in samples) / count
+    mean_y = sum(y for _, y in samples) / count
+    spread = sum((x - mean_x) ** 2 for x, _ in samples)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in samples) / spread if spread else 0.0
+    if slope < 0:
+        return mean_y, 0.0
+    return mean_y - slope * mean_x, slope
+
+
+def _block_and_head(shares):
+    """A block's share and the head's of each rank's time between steps, (blocks, holds the head, time) a rank, by
+    least squares; where no two ranks tell them apart, the head's share is 0."""
+    xx = sum(blocks * blocks for blocks, _, _ in shares)
+    xh = sum(blocks * head for blocks, head, _ in shares)
+    hh = sum(head for _, head, _ in shares)
+    xy = sum(blocks * time for blocks, _, time in shares)
+    hy = sum(time for _, head, time in shares if head)
+    determinant = xx * hh - xh * xh
+    if abs(determinant) < 1e-9 * max(xx * hh, 1):
+        return (xy / xx if xx else 0.0), 0.0
+    return (xy * hh - xh * hy) / determinant, (xx * hy - xh * xy) / determinant
