@@ -95,7 +95,9 @@ def test_trace_shows_every_part(runs):
         stretches = sorted(rows[rank], key=lambda stretch: stretch[1:])
         parts = {part for part, _, _ in stretches}
         assert parts <= set(PARTS) and "outside" in parts, parts
-        overlaps = [(one, other) for one, other in zip(stretches, stretches[1:]) if not one[1] <= one[2] <= other[1]]
+        # a nanosecond's slack: two stretches that meet may reach the trace through different float arithmetic
+        overlaps = [(one, other) for one, other in zip(stretches, stretches[1:])
+                    if not one[1] <= one[2] <= other[1] + 1e-3]
         assert not overlaps, overlaps[:3]
         compute = sum(end - start for part, start, end in stretches if part == "compute") / 1e3  # ms
         assert compute == pytest.approx(run.summary["compute_ms"][rank] * 10, rel=1e-6)
