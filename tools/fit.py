@@ -10,8 +10,7 @@ run_step    a table's step as a run measures it (step_ms_mean), in microseconds,
 from typing import NamedTuple
 
 import theory
-
-COMPUTE = ("forward", "backward", "weight")
+from harness.meters import COMPUTE
 
 
 class Prices(NamedTuple):
@@ -43,7 +42,8 @@ def fit(trace):
         runtime = [(start, end) for part, start, end in parts[rank] if part == "runtime"]
         for previous, event in zip(mine, mine[1:]):
             spent = sum(end - start for start, end in runtime if previous["ts"] <= start and end <= event["ts"])
-            posted = _messages(event, rank_of)[0] + _messages(previous, rank_of)[1]
+            posted = _messages(event["cat"], event["args"]["stage"], rank_of)[0] + \
+                _messages(previous["cat"], previous["args"]["stage"], rank_of)[1]
             samples.append((posted, spent))
     per_computation, per_message = _line(samples)
     outside = {rank: sum(end - start for part, start, end in parts[rank] if part == "outside") / len(measured)
@@ -66,15 +66,8 @@ def run_step(tables, placement, num_chunks, stage_costs, prices, blocks):
     stages = {(rank, chunk): theory.stage(placement, num_ranks, rank, chunk) for rank in range(num_ranks)
               for chunk in range(num_chunks)}
     rank_of = {stage: rank for (rank, _), stage in stages.items()}
-    priced = []
-    for stage, cost in enumerate(stage_costs):
-        received, sent = {}, {}
-        for kind in cost:
-            towards = (1 if kind == "forward" else -1) if kind != "weight" else 0
-            received[kind] = towards != 0 and rank_of.get(stage - towards, rank_of[stage]) != rank_of[stage]
-            sent[kind] = towards != 0 and rank_of.get(stage + towards, rank_of[stage]) != rank_of[stage]
-        priced.append({kind: value + prices.per_computation + prices.per_message * (received[kind] + sent[kind])
-                       for kind, value in cost.items()})
+    priced = [{kind: value + prices.per_computation + prices.per_message * sum(_messages(kind, stage, rank_of))
+               for kind, value in cost.items()} for stage, cost in enumerate(stage_costs)]
     spans = theory.replay(tables, lambda rank, chunk: stages[rank, chunk], num_stages, priced, prices.latency)
     length = max(end for _, end in spans.values())
     block, head = prices.outside
@@ -102,13 +95,14 @@ def _stretches(events):
     return parts
 
 
-def _messages(event, rank_of):
-    """How many messages a computation receives and sends to another rank: a forward's input from the previous
-    stage and its output to the next, a backward's the other way, a W none."""
-    if event["cat"] == "weight":
+def _messages(kind, stage, rank_of):
+    """How many messages a computation of this kind on this stage receives and sends to another rank (rank_of:
+    each stage's): a forward's input from the previous stage and its output to the next, a backward's (I, B or an
+    F&B's B) the other way, a W none."""
+    if kind == "weight":
         return 0, 0
-    stage, rank = event["args"]["stage"], event["pid"]
-    before, after = (stage - 1, stage + 1) if event["cat"] == "forward" else (stage + 1, stage - 1)
+    before, after = (stage - 1, stage + 1) if kind == "forward" else (stage + 1, stage - 1)
+    rank = rank_of[stage]
     return int(rank_of.get(before, rank) != rank), int(rank_of.get(after, rank) != rank)
 
 

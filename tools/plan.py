@@ -370,7 +370,14 @@ def main():
                   args.costs_of(searched.partition))
     if args.costs_from:
         rows = priced(rows, args, cost)
-    rows.sort(key=lambda row: (row.run_step or row.simulation.step) if row.simulation else math.inf)
+
+    def order(row):
+        """A row's place: by the step a run measures where priced, else by the replay's; rows that cannot run last."""
+        if row.simulation is None:
+            return math.inf
+        return row.simulation.step if row.run_step is None else row.run_step
+
+    rows.sort(key=order)
     if args.json:
         for row in rows:
             fields = {"error": row.error} if row.error else {
