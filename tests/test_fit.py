@@ -89,6 +89,37 @@ def test_run_step_by_hand(head, expected):
     assert step == pytest.approx(expected)
 
 
+def test_handover_from_the_waits():
+    """A message's hand-over is fitted from the waits for it: from the end of the computation on another rank that
+    made it to the end of the wait just before the computation that uses it, counted only where that wait began
+    before the message was made (the receiver idle for it alone); the median of those, else the start-up latency."""
+    def span(rank, kind, stage, start, duration, micro_batch=0):
+        return {"name": kind, "cat": kind, "ph": "X", "pid": rank, "tid": 0, "ts": start, "dur": duration,
+                "args": {"step": 1, "micro_batch": micro_batch, "chunk": 0, "stage": stage}}
+    events = [span(0, "forward", 0, 0, 100), span(0, "forward", 0, 100, 100, 1),
+              span(1, "wait", 1, 50, 350), span(1, "forward", 1, 400, 100),  # waited from 50: 400 - 100 = 300
+              span(1, "wait", 1, 500, 10, 1), span(1, "forward", 1, 510, 100, 1),  # began after F1 was made: no
+              span(1, "backward", 1, 610, 100), span(0, "wait", 0, 200, 600), span(0, "backward", 0, 800, 100)]
+    events += [{"name": "runtime", "ph": phase, "pid": rank, "tid": 1, "ts": time}
+               for rank in (0, 1) for phase, time in (("B", 0), ("E", 0))]
+    trace = {"traceEvents": events, "otherData": {"blocks": [1, 1], "measured_steps": [1], "message_latency_ms": 0.05}}
+    assert fit.fit(trace).latency == pytest.approx(statistics.median([300, 800 - 710]))
+    trace["traceEvents"] = [event for event in events if event.get("cat") != "wait"]
+    assert fit.fit(trace).latency == pytest.approx(50)
+
+
+def test_a_full_backward_as_its_script_runs_it():
+    """02-04 run a B as one autograd backward, which makes each weight gradient in new memory and adds it in: their
+    B is priced at I plus the larger of F and W; 09 runs a B as its I, then its W, and 05's W never as a B: I + W."""
+    cost = costs.stage_costs(100, 80, 60)
+    for name in fit.AUTOGRAD_BACKWARD:
+        assert fit.as_run(cost, name)["full_backward"] == 180
+        assert fit.as_run(costs.stage_costs(100, 80, 150), name)["full_backward"] == 230
+    for name in ("dualpipev", "looped-bfs", "zbv"):
+        assert fit.as_run(cost, name) == cost
+    assert set(fit.AUTOGRAD_BACKWARD) == {"gpipe", "1f1b", "interleaved-1f1b"}  # the scripts 02, 03 and 04
+
+
 def test_plan_predicts_schedules_it_did_not_see(runs, tmp_path):
     """From the trace of one run of 05 (2 ranks, 4 micro-batches), plan.py's run column for 03, 06 and 09's
     DualPipeV within 40% of each one's measured step (the median of three runs, at seeds 0 to 2), where the same

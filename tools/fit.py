@@ -1,21 +1,29 @@
 """What a real step pays beside its computations, fitted from one run's --trace, and a table's step at those prices
-(tools/plan.py --costs-from). A trace gives each computation's span; its "step in parts" row (harness/summary.py)
-gives the runtime's own time between computations and each rank's time between steps, and its otherData the
-latency the run measured at start-up. Times in microseconds, the trace's unit.
+(tools/plan.py --costs-from). A trace gives each computation's span, and its waits how long a message took to
+hand over where a rank waited for it; its "step in parts" row (harness/summary.py) gives the runtime's own time
+between computations and each rank's time between steps. Times in microseconds, the trace's unit.
 
-fit         the latency, the runtime per computation and per message, and each rank's time between steps
+fit         a message's hand-over, the runtime per computation and per message, and each rank's time between steps
 run_step    a table's step as a run measures it (step_ms_mean), in microseconds, at a stage's costs and those prices
+as_run      a stage's costs with its full backward as the schedule's own script runs it
 """
 
+import statistics
 from typing import NamedTuple
 
 import theory
 from harness.meters import COMPUTE
 
+# The schedules whose own script runs a full backward (B) as one autograd backward (02, 03, 04): autograd makes each
+# weight gradient in new memory and then adds it into .grad, where 05's W adds its product in place (addmm_), so such
+# a B costs more than I + W: on this machine's CPUs about two F, as its multiply-adds count (docs/design.md). 09 runs
+# every B as its I, then its W at once: I + W.
+AUTOGRAD_BACKWARD = ("gpipe", "1f1b", "interleaved-1f1b")
+
 
 class Prices(NamedTuple):
     """What a run pays beside its computations, in microseconds."""
-    latency: float  # a message's, from its send being posted to its receive's end (the run's measured, at start-up)
+    latency: float  # a message's hand-over, from the end of the computation that makes it to its receive's end
     per_computation: float  # the runtime's own time around each computation (bookkeeping, Python)
     per_message: float  # and for each message a computation receives or sends to another rank (posting it)
     outside: tuple  # between steps (the optimizer, zero_grad): a block's share and the head's, per stage
@@ -25,8 +33,9 @@ def fit(trace):
     """Prices from a harness trace (the dict): the runtime's own time before each computation fitted by least squares
     as per_computation + per_message x the messages posted there (its own receive, the previous computation's send);
     each rank's time between steps fitted as a block's share times the blocks it holds plus the head's on the rank
-    that holds the last stage (otherData's blocks: each stage's). ValueError if the trace has no step in parts (a
-    trace of another program's, or of an older version)."""
+    that holds the last stage (otherData's blocks: each stage's); a message's hand-over from the waits for one
+    (_handover), else the latency the run measured at start-up (otherData). ValueError if the trace has no step in
+    parts (a trace of another program's, or of an older version)."""
     events, other = trace.get("traceEvents", []), trace.get("otherData", {})
     computations = [event for event in events if event.get("ph") == "X" and event.get("cat") in COMPUTE]
     parts = _stretches(events)
@@ -51,7 +60,11 @@ def fit(trace):
     holds = {rank: [stage for stage, its_rank in rank_of.items() if its_rank == rank] for rank in parts}
     shares = [(sum(blocks[stage] for stage in holds[rank]), len(blocks) - 1 in holds[rank], outside[rank])
               for rank in parts]
-    return Prices(other.get("message_latency_ms", 0.0) * 1e3, per_computation, per_message, _block_and_head(shares))
+    waits = [event for event in events if event.get("ph") == "X" and event.get("cat") == "wait"
+             and event["args"]["step"] in measured]
+    handover = _handover(computations, waits, rank_of)
+    latency = other.get("message_latency_ms", 0.0) * 1e3 if handover is None else handover
+    return Prices(latency, per_computation, per_message, _block_and_head(shares))
 
 
 def run_step(tables, placement, num_chunks, stage_costs, prices, blocks):
@@ -81,6 +94,16 @@ def run_step(tables, placement, num_chunks, stage_costs, prices, blocks):
     return max(steps)
 
 
+def as_run(cost, schedule):
+    """A stage's {kind: cost} with a full backward (plain or overlapped) priced as the schedule's own script runs it:
+    I + W (09), or, where one autograd backward runs it (AUTOGRAD_BACKWARD), its I and then the weight gradients'
+    products into new memory, each as many multiply-adds as a forward's, priced at the larger of the stage's F and W."""
+    if schedule not in AUTOGRAD_BACKWARD:
+        return cost
+    full = cost["backward"] + max(cost["forward"], cost["weight"])
+    return {**cost, "full_backward": full, "overlapped_backward": full}
+
+
 def _stretches(events):
     """Each rank's step in parts from the trace's begin and end events: {rank: [(part, start, end)]}."""
     parts, opened = {}, {}
@@ -93,6 +116,27 @@ def _stretches(events):
             begun = opened.pop(event["pid"])
             parts.setdefault(event["pid"], []).append((begun["name"], begun["ts"], event["ts"]))
     return parts
+
+
+def _handover(computations, waits, rank_of):
+    """A message's hand-over as the run paid it: from the end of the computation on another rank that made it to the
+    end of the wait for it just before the computation that uses it (the sender's posting, the wire, the receiver
+    waking), over the waits that began before it was made, so that nothing else held the receiver: the median, in
+    microseconds, or None where no rank waited so."""
+    made = {(event["cat"], event["args"]["stage"], event["args"]["step"], event["args"]["micro_batch"]):
+            event["ts"] + event["dur"] for event in computations if event["cat"] != "weight"}
+    samples = []
+    for rank in set(rank_of.values()):
+        mine = sorted((event for event in computations + waits if event["pid"] == rank), key=lambda event: event["ts"])
+        for wait, event in zip(mine, mine[1:]):
+            if wait["cat"] != "wait" or event["cat"] not in ("forward", "backward"):
+                continue
+            stage, step, micro_batch = event["args"]["stage"], event["args"]["step"], event["args"]["micro_batch"]
+            source = stage - 1 if event["cat"] == "forward" else stage + 1  # the stage that made its input
+            sent = made.get((event["cat"], source, step, micro_batch))
+            if sent is not None and rank_of[source] != rank and wait["ts"] < sent:
+                samples.append(wait["ts"] + wait["dur"] - sent)
+    return statistics.median(samples) if samples else None
 
 
 def _messages(kind, stage, rank_of):

@@ -14,6 +14,7 @@ import datetime
 import importlib.metadata
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root: the scripts, README.md
 sys.path.insert(0, ROOT)  # the lesson's modules, and tools as a package
 import schedules  # noqa: E402
-from tools import paper  # noqa: E402
+from tools import fit, paper  # noqa: E402
 from tools.held import held_count, held_theory  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -45,7 +46,7 @@ SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS = 4, 4, 3
 HEAVY = "--layers 16 --hidden 1024 --classes 16384 --batch-size 256 --micro-batches 8 --steps 6"  # a heavy head
 HEAVY_ROUNDS = 3
 PREDICT = "--layers 12 --hidden 768 --batch-size 192 --micro-batches 6 --steps 10"  # plan.py's prediction, 2 ranks
-PREDICT_ROUNDS = 3
+PREDICT_ROUNDS = 5
 README_PACED = PACED.replace("--hidden 64", "--hidden 1024")  # the README's pacing example: a head 10/1024 of a block
 if args.quick:
     PACED = "--layers 8 --hidden 16 --batch-size 16 --steps 2 --pace 10"
@@ -558,10 +559,17 @@ PREDICT_RUNS = [("1f1b", "03_1f1b.py", ""), ("interleaved-1f1b", "04_interleaved
                 ("zb-h1", "05_zero_bubble.py", ""), ("zbv", "06_zbv.py", ""),
                 *((name, "09_any_schedule.py", f"--schedule {name}")
                   for name in ("dualpipev", "interleaved-zero-bubble", "looped-bfs"))]
+traces = [os.path.join(scratch, f"predict-05-{round_}.json") for round_ in range(PREDICT_ROUNDS)]
+predict_rounds = [[run(script, 2, f"{PREDICT} {flags}" + f" --trace {traces[round_]}" * (name == "zb-h1"))
+                   for name, script, flags in PREDICT_RUNS] for round_ in range(PREDICT_ROUNDS)]
+# the trace of 05's middle run: the machine's speed drifts between rounds, and one run is fitted
+steps_05 = [round_[2]["step_ms_mean"] for round_ in predict_rounds]
+fitted_round = sorted(range(PREDICT_ROUNDS), key=steps_05.__getitem__)[PREDICT_ROUNDS // 2]
 fitted_on = os.path.join(scratch, "predict-05.json")
-run("05_zero_bubble.py", 2, f"{PREDICT} --trace {fitted_on}")
-predict_rounds = [[run(script, 2, f"{PREDICT} {flags}") for _, script, flags in PREDICT_RUNS]
-                  for _ in range(PREDICT_ROUNDS)]
+shutil.copyfile(traces[fitted_round], fitted_on)
+with open(fitted_on) as file:
+    fitted_trace = json.load(file)
+prices = fit.fit(fitted_trace)
 model = dict(zip(PREDICT.split()[::2], PREDICT.split()[1::2]))
 command = [sys.executable, "tools/plan.py", "--stages", "2", "--micro-batches", model["--micro-batches"],
            "--layers", model["--layers"], "--hidden", model["--hidden"], "--costs-from", fitted_on, "--json"]
@@ -590,11 +598,15 @@ Of the {len(pairs)} pairs whose measured steps differ by more than 5%, plan.py o
 marked_tables["predict"] = predict_table
 out.append(f"""## A real step predicted: plan.py fitted on one run of 05
 
-At `{PREDICT}` on two ranks: one run of 05 with `--trace`, then every schedule's script in {PREDICT_ROUNDS}
-rounds, in turn; the measured step is each run's mean step (`step_ms_mean`, steps back to back), the median
-over the rounds. plan.py's run column (`run_step`) replays each table at the stages' F, I and W fitted on 05's
-trace, each computation and message costing what the runtime spent around 05's, each message the latency that
-run measured, plus each rank's time between steps (`{shown_command}`, the even split's rows).
+At `{PREDICT}` on two ranks: every schedule's script in {PREDICT_ROUNDS} rounds, in turn, 05 with `--trace`;
+the measured step is each run's mean step (`step_ms_mean`, steps back to back), the median over the rounds.
+plan.py's run column (`run_step`) replays each table at the stages' F, I and W fitted on the trace of 05's middle
+run (round {fitted_round + 1}, {steps_05[fitted_round]:.1f} ms), each computation and message costing what the
+runtime spent around 05's, each message the hand-over 05's waits show, a full backward as its script runs it, plus
+each rank's time between steps (`{shown_command}`, the even split's rows). The prices fitted (tools/fit.py): a
+message's hand-over {prices.latency / 1e3:.3f} ms (the ping-pong at start-up measured
+{fitted_trace["otherData"]["message_latency_ms"]:.3f} ms), the runtime
+{prices.per_computation / 1e3:.3f} ms a computation and {prices.per_message / 1e3:.3f} ms a message it posts.
 
 {ran()}
 

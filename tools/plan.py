@@ -194,9 +194,9 @@ def partitioned(row, args):
 
 def priced(rows, args, cost):
     """With --costs-from: each row with its run_step, at the trace's fitted prices (fit.py): each stage at its
-    costs (--layers: the row's split's; else the trace's mean spans, a chunk its share) and holding its blocks
-    (else the trace's blocks shared out evenly). The rows as they are if the trace has no step in parts (a trace
-    of another program's)."""
+    costs (--layers: the row's split's; else the trace's mean spans, a chunk its share), a full backward as the
+    schedule's own script runs it (fit.as_run), and holding its blocks (else the trace's blocks shared out evenly).
+    The rows as they are if the trace has no step in parts (a trace of another program's)."""
     _, trace = trace_spans(args.costs_from)
     blocks = trace.get("otherData", {}).get("blocks") or [1]
     try:
@@ -214,6 +214,7 @@ def priced(rows, args, cost):
             stage_blocks = [sum(blocks) / num_stages] * num_stages
         else:
             stage_costs, stage_blocks = args.costs_of(row.partition), row.partition
+        stage_costs = [fit.as_run(cost, row.schedule) for cost in stage_costs]
         rows_priced.append(row._replace(run_step=fit.run_step(row.tables, row.placement, row.chunks, stage_costs,
                                                               prices, stage_blocks)))
     return rows_priced
@@ -239,7 +240,8 @@ def fitted_costs(path):
                              "that splits the backward (05, 06, 09), run on this version.")
             means.append(sum(durations) / len(durations))
         block = sum(mean / count for mean, count in zip(means[:-1], blocks) if count) / sum(map(bool, blocks[:-1]))
-        fitted[kind] = block, means[-1] - block * blocks[-1]  # a block's, the head's
+        # a block's, the head's: none less than nothing, as noise can make a small head seem
+        fitted[kind] = block, max(0.0, means[-1] - block * blocks[-1])
 
     def costs_of(split):
         costs = []
