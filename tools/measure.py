@@ -42,7 +42,7 @@ MEMORY = "--layers 16 --hidden 24 --batch-size 16 --micro-batches 8 --steps 3 --
 SPEED = "--batch-size 256 --hidden 1024 --layers 16 --micro-batches 8"  # the default size
 SPEED_STEPS, OVERHEAD_STEPS, DEFAULT = "--steps 10", "--steps 20", ""  # DEFAULT: the README's first command
 PP_DP = "--layers 7 --hidden 24 --steps 8 --threads 1 --lr 0.01 --dtype float64 --pace 30"
-SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS = 4, 4, 3
+SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS, ACCOUNT_ROUNDS = 4, 4, 3, 2
 HEAVY = "--layers 16 --hidden 1024 --classes 16384 --batch-size 256 --micro-batches 8 --steps 6"  # a heavy head
 HEAVY_ROUNDS = 3
 PREDICT = "--layers 12 --hidden 768 --batch-size 192 --micro-batches 6 --steps 10"  # plan.py's prediction, 2 ranks
@@ -56,7 +56,7 @@ if args.quick:
     PP_DP = PP_DP.replace("--steps 8", "--steps 2").replace("--pace 30", "--pace 10")
     HEAVY = "--layers 4 --hidden 32 --classes 512 --batch-size 16 --micro-batches 4 --steps 3"
     PREDICT = "--layers 4 --hidden 32 --batch-size 16 --micro-batches 4 --steps 3"
-    SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = HEAVY_ROUNDS = PREDICT_ROUNDS = 1
+    SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = HEAVY_ROUNDS = PREDICT_ROUNDS = ACCOUNT_ROUNDS = 1
     README_PACED = PACED
     args.recompute_rounds = min(args.recompute_rounds, 1)
 
@@ -374,27 +374,42 @@ is what messages and shared cores cost. Spans are the mean F / B (I where it is 
 
 {table(["", "step (ms)", "step / 03's", "each round (ms)", "busiest rank's bubble", "theory", "theory at its costs",
         "excess", "spans F / B or I / W (ms)", "sends before their receive, a step (rank 0 / 1)"], rows)}""")
-rows = []
-for index, (name, script, _) in enumerate(SPEED_RUNS):
-    runs = [round_[index] for round_ in speed]
-    if script == "tools/torch_schedules.py":  # no spans: no accounting
-        continue
+
+
+def accounting_row(name, runs):
+    """A script's mean step, the busiest rank's parts of it, its limit and its latency: medians over its runs."""
     parts = {part: median([s["step_parts_ms"][s["busiest_rank"]][part] for s in runs]) for part in runs[0][
         "step_parts_ms"][0]}
     step, limit = median([s["step_ms_mean"] for s in runs]), median([s["step_limit_ms"] for s in runs])
-    rows.append([name, f"{step:.1f}", *(f"{ms:.1f}" for ms in parts.values()), f"{limit:.1f}",
-                 f"{median([s['step_ms_mean'] / s['step_limit_ms'] for s in runs]):.3f}",
-                 f"{median([s['message_latency_ms'] for s in runs]):.3f}"])
+    return [name, f"{step:.1f}", *(f"{ms:.1f}" for ms in parts.values()), f"{limit:.1f}",
+            f"{median([s['step_ms_mean'] / s['step_limit_ms'] for s in runs]):.3f}",
+            f"{median([s['message_latency_ms'] for s in runs]):.3f}"]
+
+
+rows = [accounting_row(name, [round_[index] for round_ in speed]) for index, (name, script, _) in enumerate(SPEED_RUNS)
+        if script != "tools/torch_schedules.py"]  # PyTorch's runs have no spans: no accounting
 header = ["2 ranks, the default size", "step (ms)", *speed[0][0]["step_parts_ms"][0], "limit (ms)", "step / limit",
           "message (ms)"]
-accounting = table(header, rows)
 marked_tables["accounting"] = table(header, [row for row in rows if row[0].startswith(("03", "06"))])  # README's
+# every other script at the same size, in turn, round by round (01 has no micro-batches)
+OTHER_RUNS = [("01 naive", "01_naive.py", ""), ("02 GPipe", "02_gpipe.py", ""),
+              ("07 pipelines side by side, D = 1", "07_pp_dp.py", ""), ("08 3D, D = T = 1", "08_3d.py", ""),
+              ("09 `--schedule dualpipev`", "09_any_schedule.py", "--schedule dualpipev")]
+unsplit = " ".join(word for pair in zip(SPEED.split()[::2], SPEED.split()[1::2]) if pair[0] != "--micro-batches"
+                   for word in pair)
+others = [[run(script, 2, f"{unsplit if script == '01_naive.py' else SPEED} {SPEED_STEPS} {flags}")
+           for _, script, flags in OTHER_RUNS] for _ in range(ACCOUNT_ROUNDS)]
+rows += [accounting_row(name, [round_[index] for round_ in others]) for index, (name, _, _) in enumerate(OTHER_RUNS)]
+accounting = table(header, rows)
 out.append(f"""### The same runs' steps in parts
 
 Each script's mean step (`step_ms_mean`) and the busiest rank's parts of it (`step_parts_ms`), which add up to
 it, beside the step's limit (`step_limit_ms`: this order replayed at its mean spans, each message at the latency
 the run measured at start-up, plus the time between steps that no rank hides), medians over the rounds;
-docs/reference.md, *A step in parts*, says what each part holds.
+docs/reference.md, *A step in parts*, says what each part holds. 03-06 are the runs above; the others ran
+after them, in turn, in {ACCOUNT_ROUNDS} rounds.
+
+{ran()}
 
 {accounting}""")
 
