@@ -42,7 +42,7 @@ MEMORY = "--layers 16 --hidden 24 --batch-size 16 --micro-batches 8 --steps 3 --
 SPEED = "--batch-size 256 --hidden 1024 --layers 16 --micro-batches 8"  # the default size
 SPEED_STEPS, OVERHEAD_STEPS, DEFAULT = "--steps 10", "--steps 20", ""  # DEFAULT: the README's first command
 PP_DP = "--layers 7 --hidden 24 --steps 8 --threads 1 --lr 0.01 --dtype float64 --pace 30"
-SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS, ACCOUNT_ROUNDS = 4, 4, 3, 2
+SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS, ACCOUNT_ROUNDS, PYTORCH_ROUNDS = 4, 4, 3, 2, 6
 HEAVY = "--layers 16 --hidden 1024 --classes 16384 --batch-size 256 --micro-batches 8 --steps 6"  # a heavy head
 HEAVY_ROUNDS = 3
 PREDICT = "--layers 12 --hidden 768 --batch-size 192 --micro-batches 6 --steps 10"  # plan.py's prediction, 2 ranks
@@ -57,6 +57,7 @@ if args.quick:
     HEAVY = "--layers 4 --hidden 32 --classes 512 --batch-size 16 --micro-batches 4 --steps 3"
     PREDICT = "--layers 4 --hidden 32 --batch-size 16 --micro-batches 4 --steps 3"
     SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = HEAVY_ROUNDS = PREDICT_ROUNDS = ACCOUNT_ROUNDS = 1
+    PYTORCH_ROUNDS = 2
     README_PACED = PACED
     args.recompute_rounds = min(args.recompute_rounds, 1)
 
@@ -121,7 +122,8 @@ def gradient_hop(trace, sender, receiver):
 out = []  # the sections of measured.md, in order
 # Each file's tables between markers, <!-- from measure.py: NAME --> ... <!-- end of measure.py's NAME -->, by name;
 # tests/test_docs.py reads this mapping and checks that every file has the markers of its names, and no others.
-MARKED = {"README.md": ["paced", "accounting"], "docs/design.md": ["partition", "schedules", "recompute"],
+MARKED = {"README.md": ["paced", "accounting"],
+          "docs/design.md": ["partition", "schedules", "recompute", "pytorch"],
           "docs/planning.md": ["plan", "paper", "dualpipe", "predict"]}
 marked_tables = {}  # NAME -> its table (or lines), as measured in this run
 
@@ -412,6 +414,35 @@ after them, in turn, in {ACCOUNT_ROUNDS} rounds.
 {ran()}
 
 {accounting}""")
+
+# Against PyTorch's runtime on equal terms: ours with --no-instrument (PyTorch's runs have no meters either), each
+# pair one after the other, which of the two first alternating from round to round.
+PYTORCH_PAIRS = [("GPipe", "02_gpipe.py", "gpipe"), ("1F1B", "03_1f1b.py", "1f1b"), ("ZB-V", "06_zbv.py", "zbv")]
+rows = []
+for name, script, schedule in PYTORCH_PAIRS:
+    ratios, ours, theirs = [], [], []
+    for round_ in range(PYTORCH_ROUNDS):
+        pair = [(script, "--no-instrument"), ("tools/torch_schedules.py", f"--schedule {schedule}")]
+        in_turn = pair if round_ % 2 == 0 else pair[::-1]
+        steps = {script_: run(script_, 2, f"{SPEED} {SPEED_STEPS} {flags}")["step_ms_median"]
+                 for script_, flags in in_turn}
+        ours.append(steps[script])
+        theirs.append(steps["tools/torch_schedules.py"])
+        ratios.append(ours[-1] / theirs[-1])
+    rows.append([f"{name}: `{script}`, PyTorch's `--schedule {schedule}`", f"{median(ours):.1f}",
+                 f"{median(theirs):.1f}", f"{median(ratios):.3f}", per_rank(f"{ratio:.3f}" for ratio in ratios)])
+pytorch_table = table(["2 ranks, the default size", "ours, meters off (ms)", "PyTorch's (ms)", "ours / PyTorch's",
+                       "each round"], rows)
+marked_tables["pytorch"] = pytorch_table
+out.append(f"""### Against PyTorch's runtime, meters off
+
+The step of the same schedule, ours with `--no-instrument` (no spans, no meters: PyTorch's runs have neither) and
+PyTorch's, in {PYTORCH_ROUNDS} rounds, the two runs of a round one after the other, which of them first
+alternating; the ratio is the median of the rounds' ratios. The meters' own cost is measured below.
+
+{ran()}
+
+{pytorch_table}""")
 
 # (3b) --recompute's price in time: 03 on two ranks at the default size, without and with it, round by round.
 if args.recompute_rounds:
