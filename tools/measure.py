@@ -394,14 +394,16 @@ header = ["2 ranks, the default size", "step (ms)", *speed[0][0]["step_parts_ms"
           "message (ms)"]
 marked_tables["accounting"] = table(header, [row for row in rows if row[0].startswith(("03", "06"))])  # README's
 # every other script at the same size, in turn, round by round (01 has no micro-batches)
-OTHER_RUNS = [("01 naive", "01_naive.py", ""), ("02 GPipe", "02_gpipe.py", ""),
-              ("07 pipelines side by side, D = 1", "07_pp_dp.py", ""), ("08 3D, D = T = 1", "08_3d.py", ""),
-              ("09 `--schedule dualpipev`", "09_any_schedule.py", "--schedule dualpipev")]
+# and 06 on one rank, where no message leaves the rank: its runtime part is the helpers' and the meters' alone
+OTHER_RUNS = [("01 naive", "01_naive.py", "", 2), ("02 GPipe", "02_gpipe.py", "", 2),
+              ("07 pipelines side by side, D = 1", "07_pp_dp.py", "", 2), ("08 3D, D = T = 1", "08_3d.py", "", 2),
+              ("09 `--schedule dualpipev`", "09_any_schedule.py", "--schedule dualpipev", 2),
+              ("06 ZB-V on one rank (no messages)", "06_zbv.py", "", 1)]
 unsplit = " ".join(word for pair in zip(SPEED.split()[::2], SPEED.split()[1::2]) if pair[0] != "--micro-batches"
                    for word in pair)
-others = [[run(script, 2, f"{unsplit if script == '01_naive.py' else SPEED} {SPEED_STEPS} {flags}")
-           for _, script, flags in OTHER_RUNS] for _ in range(ACCOUNT_ROUNDS)]
-rows += [accounting_row(name, [round_[index] for round_ in others]) for index, (name, _, _) in enumerate(OTHER_RUNS)]
+others = [[run(script, ranks, f"{unsplit if script == '01_naive.py' else SPEED} {SPEED_STEPS} {flags}")
+           for _, script, flags, ranks in OTHER_RUNS] for _ in range(ACCOUNT_ROUNDS)]
+rows += [accounting_row(name, [round_[index] for round_ in others]) for index, (name, *_) in enumerate(OTHER_RUNS)]
 accounting = table(header, rows)
 out.append(f"""### The same runs' steps in parts
 
@@ -409,7 +411,9 @@ Each script's mean step (`step_ms_mean`) and the busiest rank's parts of it (`st
 it, beside the step's limit (`step_limit_ms`: this order replayed at its mean spans, each message at the latency
 the run measured at start-up, plus the time between steps that no rank hides), medians over the rounds;
 docs/reference.md, *A step in parts*, says what each part holds. 03-06 are the runs above; the others ran
-after them, in turn, in {ACCOUNT_ROUNDS} rounds.
+after them, in turn, in {ACCOUNT_ROUNDS} rounds, the last of them on one rank (both of 06's chunks on it, so that no
+message leaves it: its runtime part is the helpers' bookkeeping and the meters alone, for the same 48 computations
+a step as each rank's at two ranks).
 
 {ran()}
 
