@@ -30,19 +30,22 @@ class _Meter:
 
     def __init__(self):
         self.count, self.bytes, self.peak = {}, 0, 0
+        self.owners = {}  # id of a weak reference to an owner -> (the reference, the region the owner holds)
         self.lock = threading.RLock()  # storages are also freed on gloo's threads
 
     def hold(self, region, owner):
         """Count the region until the owner (a tensor, a storage, a _Saved) is freed."""
+        reference = weakref.ref(owner, self._release)  # a weak reference's callback: cheaper than weakref.finalize
         with self.lock:
             if self.count.get(region, 0) == 0:
                 self.bytes += region.nbytes
                 self.peak = max(self.peak, self.bytes)
             self.count[region] = self.count.get(region, 0) + 1
-        weakref.finalize(owner, self._release, region)
+            self.owners[id(reference)] = reference, region
 
-    def _release(self, region):
+    def _release(self, reference):
         with self.lock:
+            _, region = self.owners.pop(id(reference))
             self.count[region] -= 1
             if self.count[region] == 0:
                 del self.count[region]
