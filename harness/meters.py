@@ -17,10 +17,11 @@ COMPUTE = ("forward", "backward", "weight")  # the kinds of span that compute; t
 TP = "tp_allreduce"  # 08's tensor-parallel all-reduces and gathers, inside its forwards and backwards
 
 # The records, times in seconds on rank 0's clock (on CUDA a span's are events until its step is over): a computation,
-# a wait for a receive or a send, or a collective (kind; nbytes: the size of what it made); one optimizer step; a
-# send or a receive posted to another rank (peer: a global rank; nbytes: its tensor's).
+# a wait for a receive or a send, or a collective (kind; nbytes: the size of what it made); one optimizer step (cpu:
+# the CPU seconds the process, all its threads, used in it); a send or a receive posted to another rank (peer: a
+# global rank; nbytes: its tensor's).
 Span = namedtuple("Span", "step kind micro_batch chunk start end nbytes", defaults=[0])
-StepTime = namedtuple("StepTime", "step start end")
+StepTime = namedtuple("StepTime", "step start end cpu")
 Post = namedtuple("Post", "step is_send peer tag time nbytes")
 _Region = namedtuple("_Region", "address nbytes")  # memory that one or more tensors hold
 
@@ -202,9 +203,9 @@ def timed_step(step):
     on_cuda = recorder.device.type == "cuda"
     if on_cuda:  # an event at a known time on the host's clock, to read the step's events against
         origin_seconds, origin = idle_now() + recorder.offset, _mark()
-    start = _mark()
+    start, cpu_start = _mark(), time.process_time()
     yield
-    end = _mark()
+    end, cpu = _mark(), time.process_time() - cpu_start
     if on_cuda:  # the step is over: read its events
         end.synchronize()
         seconds = lambda event: origin_seconds + origin.elapsed_time(event) / 1e3  # noqa: E731
@@ -213,7 +214,7 @@ def timed_step(step):
         start, end = seconds(start), seconds(end)
     recorder.spans += recorder.pending
     recorder.pending = []
-    recorder.steps.append(StepTime(step, start, end))
+    recorder.steps.append(StepTime(step, start, end, cpu))
 
 
 def log_step(step, loss):

@@ -73,7 +73,8 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
 
 def _summarize(args, ranks, timed, measured):
     """The run's shape, its losses, its step times (each from the first rank's start to the last's end), a message's
-    latency, and each rank's layers (a pair, or a pair per model chunk) and parameter bytes."""
+    latency, each rank's CPU time a step, and each rank's layers (a pair, or a pair per model chunk) and parameter
+    bytes."""
     times = [time for rank in ranks for time in rank.steps]
     step_ms = {step: 1e3 * (max(t.end for t in times if t.step == step) - min(t.start for t in times if t.step == step))
                for step in timed}
@@ -86,6 +87,8 @@ def _summarize(args, ranks, timed, measured):
         "losses": max(reversed([rank.losses for rank in ranks]), key=len),  # the last rank's that has any: the head's
         "step_ms_median": statistics.median_high([step_ms[step] for step in measured]),
         "message_latency_ms": 1e3 * recorder.latency,  # measured at start-up (startup._measure_latency)
+        "step_cpu_ms": [1e3 * statistics.median_high([t.cpu for t in rank.steps if t.step in measured])
+                        for rank in ranks],  # the CPU time each rank's process spends in a step, all its threads
         "stage_layers": layers if len(ranks[0].layers) > 1 else [chunk for (chunk,) in layers],
         "parameter_bytes": [rank.params for rank in ranks],
         "classes": args.classes, "partition": args.partition, "blocks": args.blocks,

@@ -2,7 +2,7 @@
 the mean step, none below zero; the limit (the run's order replayed at its mean spans and its measured message
 latency, plus the ranks' time between steps) lies between the busiest rank's compute and the step, and what a step
 takes beyond it is the runtime's; the latency is an independent ping-pong's; paced, the waiting is the schedule's
-and the runtime's part is small; every part is in the trace."""
+and the runtime's part is small; a step's CPU time is the process's, not the clock's; every part is in the trace."""
 
 import os
 import sys
@@ -79,6 +79,18 @@ def test_paced_waiting_is_the_schedules(runs, again):
         assert parts["runtime"] < 0.1 * summary["step_ms_mean"], (rank, parts)
         between = parts["schedule_wait"] + parts["extra_wait"] + parts["runtime"]
         assert parts["schedule_wait"] >= 0.75 * between, (rank, parts)
+
+
+def test_cpu_time_is_the_processes(runs, again):
+    """step_cpu_ms is the CPU time each rank's process spends in a step, not the step's wall time: paced at 20 ms a
+    computation a rank sleeps through most of its step, and in real arithmetic it is busy for most of its compute."""
+    paced = settled(runs, again, lambda runner, pace: accounted(runner, "03_1f1b.py", (), *pace), 20).summary
+    assert len(paced["step_cpu_ms"]) == 2
+    for rank, cpu_ms in enumerate(paced["step_cpu_ms"]):
+        assert 0 < cpu_ms < 0.5 * paced["step_ms_mean"], (rank, cpu_ms, paced["step_ms_mean"])
+    real = accounted(runs, "03_1f1b.py", ()).summary
+    for rank, cpu_ms in enumerate(real["step_cpu_ms"]):
+        assert cpu_ms >= 0.5 * real["compute_ms"][rank], (rank, cpu_ms, real["compute_ms"])
 
 
 def test_trace_shows_every_part(runs):

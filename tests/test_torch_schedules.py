@@ -29,6 +29,7 @@ def test_matches_baseline(runs, tmp_path, schedule):
     lines = [line for line in (tmp_path / "stdout0").read_text().splitlines() if line.startswith("{")]
     summary = json.loads(lines[-1])
     assert (summary["schedule"], summary["world_size"]) == (schedule, 2)
+    assert len(summary["step_cpu_ms"]) == 2 and all(cpu_ms > 0 for cpu_ms in summary["step_cpu_ms"]), summary
     losses = torch.tensor(summary["losses"], dtype=torch.float64)
     reference = torch.tensor(runs("00_baseline.py", 0, *FLAGS).summary["losses"], dtype=torch.float64)
     assert len(losses) == 3 and torch.allclose(losses, reference, rtol=EXACT, atol=0), (losses, reference)

@@ -42,7 +42,7 @@ MEMORY = "--layers 16 --hidden 24 --batch-size 16 --micro-batches 8 --steps 3 --
 SPEED = "--batch-size 256 --hidden 1024 --layers 16 --micro-batches 8"  # the default size
 SPEED_STEPS, OVERHEAD_STEPS, DEFAULT = "--steps 10", "--steps 20", ""  # DEFAULT: the README's first command
 PP_DP = "--layers 7 --hidden 24 --steps 8 --threads 1 --lr 0.01 --dtype float64 --pace 30"
-SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS, ACCOUNT_ROUNDS, PYTORCH_ROUNDS = 4, 4, 3, 2, 6
+SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS, ACCOUNT_ROUNDS, PYTORCH_ROUNDS = 4, 4, 3, 2, 8
 HEAVY = "--layers 16 --hidden 1024 --classes 16384 --batch-size 256 --micro-batches 8 --steps 6"  # a heavy head
 HEAVY_ROUNDS = 3
 PREDICT = "--layers 12 --hidden 768 --batch-size 192 --micro-batches 6 --steps 10"  # plan.py's prediction, 2 ranks
@@ -424,25 +424,30 @@ a step as each rank's at two ranks).
 PYTORCH_PAIRS = [("GPipe", "02_gpipe.py", "gpipe"), ("1F1B", "03_1f1b.py", "1f1b"), ("ZB-V", "06_zbv.py", "zbv")]
 rows = []
 for name, script, schedule in PYTORCH_PAIRS:
-    ratios, ours, theirs = [], [], []
+    ratios, ours, theirs, cpu_ratios = [], [], [], []
     for round_ in range(PYTORCH_ROUNDS):
         pair = [(script, "--no-instrument"), ("tools/torch_schedules.py", f"--schedule {schedule}")]
         in_turn = pair if round_ % 2 == 0 else pair[::-1]
-        steps = {script_: run(script_, 2, f"{SPEED} {SPEED_STEPS} {flags}")["step_ms_median"]
-                 for script_, flags in in_turn}
-        ours.append(steps[script])
-        theirs.append(steps["tools/torch_schedules.py"])
+        summaries = {script_: run(script_, 2, f"{SPEED} {SPEED_STEPS} {flags}") for script_, flags in in_turn}
+        mine, pytorchs = summaries[script], summaries["tools/torch_schedules.py"]
+        ours.append(mine["step_ms_median"])
+        theirs.append(pytorchs["step_ms_median"])
         ratios.append(ours[-1] / theirs[-1])
+        cpu_ratios.append([a / b for a, b in zip(mine["step_cpu_ms"], pytorchs["step_cpu_ms"])])
+    cpu = [median([round_[rank] for round_ in cpu_ratios]) for rank in range(2)]
     rows.append([f"{name}: `{script}`, PyTorch's `--schedule {schedule}`", f"{median(ours):.1f}",
-                 f"{median(theirs):.1f}", f"{median(ratios):.3f}", per_rank(f"{ratio:.3f}" for ratio in ratios)])
+                 f"{median(theirs):.1f}", f"{median(ratios):.3f}", per_rank(f"{ratio:.3f}" for ratio in ratios),
+                 per_rank((f"{ratio:.3f}" for ratio in cpu), " / ")])
 pytorch_table = table(["2 ranks, the default size", "ours, meters off (ms)", "PyTorch's (ms)", "ours / PyTorch's",
-                       "each round"], rows)
+                       "each round", "CPU a step, ours / PyTorch's (rank 0 / 1)"], rows)
 marked_tables["pytorch"] = pytorch_table
 out.append(f"""### Against PyTorch's runtime, meters off
 
 The step of the same schedule, ours with `--no-instrument` (no spans, no meters: PyTorch's runs have neither) and
 PyTorch's, in {PYTORCH_ROUNDS} rounds, the two runs of a round one after the other, which of them first
-alternating; the ratio is the median of the rounds' ratios. The meters' own cost is measured below.
+alternating; the ratio is the median of the rounds' ratios. The CPU a step is each rank's process's (`step_cpu_ms`,
+all its threads), ours over PyTorch's, the median of the rounds' ratios: the work each runtime does, wherever its
+step waits. The meters' own cost is measured below.
 
 {ran()}
 

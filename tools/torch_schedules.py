@@ -17,6 +17,7 @@ prints one JSON line from rank 0.
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -82,7 +83,7 @@ has_first, has_last = any(stage.is_first for stage in stages), any(stage.is_last
 times, losses = [], []
 for step in range(args.steps):
     inputs, labels = common.get_batch(args, step, device)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     optimizer.zero_grad()
     micro_losses = []
     schedule.step(*([inputs] if has_first else []), target=labels if has_last else None,
@@ -90,18 +91,21 @@ for step in range(args.steps):
     if step == 0:
         harness.dump(args.dump_grads, {name: p.grad for module in modules for name, p in module.named_parameters()})
     optimizer.step()
-    times.append([start, time.perf_counter()])
+    times.append([start, time.perf_counter(), time.process_time() - cpu_start])
     losses.append(sum(micro_losses).item() if has_last else 0.0)
 
-# A step runs from its first start on any rank to its last end on any rank (one clock on one host).
-everyone = [torch.zeros(args.steps, 2, dtype=torch.float64, device=device) for _ in range(n)]
+# A step runs from its first start on any rank to its last end on any rank (one clock on one host); its CPU time is
+# what each rank's process, all its threads, used in it, as the scripts' step_cpu_ms.
+everyone = [torch.zeros(args.steps, 3, dtype=torch.float64, device=device) for _ in range(n)]
 dist.all_gather(everyone, torch.tensor(times, dtype=torch.float64, device=device))
 losses = torch.tensor(losses, dtype=torch.float64, device=device)
 dist.all_reduce(losses)  # only the rank holding the last stage has non-zero losses
 if rank == 0:
-    step_ms = [1e3 * (max(float(t[s, 1]) for t in everyone) - min(float(t[s, 0]) for t in everyone))
-               for s in (range(1, args.steps) if args.steps > 1 else [0])]  # the first step warms up
+    measured = range(1, args.steps) if args.steps > 1 else [0]  # the first step warms up
+    step_ms = [1e3 * (max(float(t[s, 1]) for t in everyone) - min(float(t[s, 0]) for t in everyone)) for s in measured]
+    cpu_ms = [1e3 * statistics.median_high([float(t[s, 2]) for s in measured]) for t in everyone]
     print(json.dumps({"script": "torch_schedules.py", "schedule": args.schedule, "world_size": n,
                       "virtual_stages": v, "num_microbatches": args.micro_batches,
-                      "step_ms_median": sorted(step_ms)[len(step_ms) // 2], "losses": losses.tolist()}), flush=True)
+                      "step_ms_median": sorted(step_ms)[len(step_ms) // 2], "step_cpu_ms": cpu_ms,
+                      "losses": losses.tolist()}), flush=True)
 harness.finish()
