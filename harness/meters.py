@@ -36,7 +36,7 @@ class _Meter:
 
     def hold(self, region, owner):
         """Count the region until the owner (a tensor, a storage, a _Saved) is freed."""
-        reference = weakref.ref(owner, self._release)  # a weak reference's callback: cheaper than weakref.finalize
+        reference = weakref.ref(owner, self._release)  # called back once the owner is freed
         with self.lock:
             if self.count.get(region, 0) == 0:
                 self.bytes += region.nbytes

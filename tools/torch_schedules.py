@@ -106,6 +106,6 @@ if rank == 0:
     cpu_ms = [1e3 * statistics.median_high([float(t[s, 2]) for s in measured]) for t in everyone]
     print(json.dumps({"script": "torch_schedules.py", "schedule": args.schedule, "world_size": n,
                       "virtual_stages": v, "num_microbatches": args.micro_batches,
-                      "step_ms_median": sorted(step_ms)[len(step_ms) // 2], "step_cpu_ms": cpu_ms,
+                      "step_ms_median": statistics.median_high(step_ms), "step_cpu_ms": cpu_ms,
                       "losses": losses.tolist()}), flush=True)
 harness.finish()
