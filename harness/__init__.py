@@ -6,6 +6,7 @@ flags.py     the flags every script takes, their checks, and ending a run with o
 startup.py   cores and threads, errors as sentences, the same flags and one clock on every rank, a message's
              latency; finish, dump
 meters.py    what each rank measures as it runs: bytes held, spans, step times, when sends and receives are posted
+transport.py gloo's socket threads take the rank's core when they wake only while it computes
 summary.py   report: every rank's records on rank 0, the summary, its comparison with theory, each rank's step
              in parts beside the step's limit, the table
 pictures.py  the last step as text and as an SVG, and every span as a Chrome trace

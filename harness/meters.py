@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import theory
+from harness import transport
 from harness.flags import gave_up
 
 COMPUTE = ("forward", "backward", "weight")  # the kinds of span that compute; the others: "wait", "allreduce", TP
@@ -143,8 +144,13 @@ def record(kind, micro_batch, chunk=0):
     the forward again) also counts what it saves. With --pace, a computation then sleeps out the rest of its span."""
     began, start = time.perf_counter(), _mark() if recorder.enabled else None
     hooks = torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
+    computes = kind in COMPUTE
+    if computes:
+        transport.computing(True)
     with hooks if recorder.enabled and kind in ("forward", "backward") else contextlib.nullcontext():
         yield
+    if computes:
+        transport.computing(False)
     if recorder.pace and kind != "wait":
         if recorder.device.type == "cuda":
             torch.cuda.synchronize(recorder.device)  # pacing times the arithmetic itself, so it waits for it
@@ -198,6 +204,7 @@ def posted(messages):
 def timed_step(step):
     """Time one optimizer step (spans recorded inside it carry its number)."""
     recorder.step = step
+    transport.step_begins()
     if recorder.alternate:
         recorder.enabled = step % 2 == 0
     on_cuda = recorder.device.type == "cuda"
