@@ -13,6 +13,7 @@ import argparse
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import shutil
 import statistics
@@ -24,6 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root: the scripts, README.md
 sys.path.insert(0, ROOT)  # the lesson's modules, and tools as a package
 import schedules  # noqa: E402
+from harness.meters import COMPUTE  # noqa: E402
 from tools import fit, paper  # noqa: E402
 from tools.held import held_count, held_theory  # noqa: E402
 
@@ -615,8 +617,44 @@ PREDICT_RUNS = [("1f1b", "03_1f1b.py", ""), ("interleaved-1f1b", "04_interleaved
                 *((name, "09_any_schedule.py", f"--schedule {name}")
                   for name in ("dualpipev", "interleaved-zero-bubble", "looped-bfs"))]
 traces = [os.path.join(scratch, f"predict-05-{round_}.json") for round_ in range(PREDICT_ROUNDS)]
-predict_rounds = [[run(script, 2, f"{PREDICT} {flags}" + f" --trace {traces[round_]}" * (name == "zb-h1"))
-                   for name, script, flags in PREDICT_RUNS] for round_ in range(PREDICT_ROUNDS)]
+CHUNKED = ("interleaved-1f1b", "zbv", "dualpipev", "interleaved-zero-bubble", "looped-bfs")  # two chunks a rank
+
+
+def predict_trace(name, round_):
+    """The --trace of a prediction run: 05's, which plan.py is fitted on, and each chunked schedule's."""
+    if name == "zb-h1":
+        return traces[round_]
+    return os.path.join(scratch, f"predict-{name}-{round_}.json") if name in CHUNKED else None
+
+
+def predict_flags(name, flags, round_):
+    trace = predict_trace(name, round_)
+    return f"{PREDICT} {flags}" + (f" --trace {trace}" if trace else "")
+
+
+predict_rounds = [[run(script, 2, predict_flags(name, flags, round_)) for name, script, flags in PREDICT_RUNS]
+                  for round_ in range(PREDICT_ROUNDS)]
+
+
+def forwards_after(trace_paths):
+    """Mean forward span (ms) on a rank right after a computation of the same chunk and right after one of its other
+    chunk, and how many forwards follow the other chunk, over these traces' measured steps."""
+    after = {True: [], False: []}  # the previous computation's chunk is the same: forward spans
+    for path in trace_paths:
+        with open(path) as file:
+            trace = json.load(file)
+        measured = set(trace["otherData"]["measured_steps"])
+        computations = sorted((event for event in trace["traceEvents"] if event.get("ph") == "X"
+                               and event.get("cat") in COMPUTE and event["args"].get("step") in measured),
+                              key=lambda event: (event["pid"], event["ts"]))
+        for previous, event in zip(computations, computations[1:]):
+            if event["cat"] == "forward" and previous["pid"] == event["pid"] and \
+                    previous["args"]["step"] == event["args"]["step"]:
+                after[previous["args"]["chunk"] == event["args"]["chunk"]].append(event["dur"] / 1e3)
+    same, other = (statistics.mean(after[kind]) if after[kind] else math.nan for kind in (True, False))
+    return same, other, len(after[False]) / (len(after[True]) + len(after[False]))
+
+
 # the trace of 05's middle run: the machine's speed drifts between rounds, and one run is fitted
 steps_05 = [round_[2]["step_ms_mean"] for round_ in predict_rounds]
 fitted_round = sorted(range(PREDICT_ROUNDS), key=steps_05.__getitem__)[PREDICT_ROUNDS // 2]
@@ -649,7 +687,18 @@ predict_table = table(["2 ranks", "measured step (ms)", "plan.py's run (ms)", "o
                        "plan.py's step, free messages and runtime (ms)", "each round (ms)"], rows) + f"""
 
 Of the {len(pairs)} pairs whose measured steps differ by more than 5%, plan.py orders {len(agreed)} as the runs do
-(the others, the slower first: {swapped})."""
+(the others, the slower first: {swapped}).
+
+In the same runs, a forward right after a computation of the same chunk and right after one of the rank's other
+chunk, whose weights the cache may no longer hold (05, one stage a rank, has only the first kind):
+
+""" + table(["2 ranks, all rounds", "forwards after the other chunk", "forward after the same chunk (ms)",
+             "after the other chunk (ms)", "other / same"],
+            [[f"`{script[:-3]}{' ' + flags if flags else ''}`", f"{share:.0%}", f"{same:.3f}", f"{other:.3f}",
+              f"{other / same:.2f}"]
+             for (name, script, flags), (same, other, share) in
+             ((run_, forwards_after([predict_trace(run_[0], round_) for round_ in range(PREDICT_ROUNDS)]))
+              for run_ in PREDICT_RUNS if run_[0] in CHUNKED)])
 marked_tables["predict"] = predict_table
 out.append(f"""## A real step predicted: plan.py fitted on one run of 05
 
