@@ -12,14 +12,15 @@ import theory
 from tests.launch import pipelined, python
 from tools import costs, fit
 
-PRICES = fit.Prices(latency=50.0, per_computation=30.0, per_message=70.0, outside=(40.0, 900.0))
+PRICES = fit.Prices(latency=50.0, per_computation=30.0, per_message=70.0, outside=(40.0, 900.0), cold_forward=8.0)
 
 
 def made_trace(name, num_ranks, num_microbatches, blocks, prices, steps=(1, 2)):
     """A harness trace of `name`'s table as if run at F 100, I 80, W 60 (a full backward 140) a stage, every rank
     computing back to back but for the runtime's own time before each computation (prices' per computation and
     per message it posts: its receive and the previous computation's send) and its time between steps (prices'
-    outside shares of its blocks and the head)."""
+    outside shares of its blocks and the head); a forward that is first on its rank or follows anything but a
+    forward or an I of its own chunk lasts prices' cold_forward more a block of its stage."""
     tables = schedules.table(name, num_ranks, num_microbatches)
     placement = schedules.SCHEDULES[name][1]
     num_chunks = 1 + max(chunk for table in tables for _, chunk, _ in table)
@@ -31,8 +32,10 @@ def made_trace(name, num_ranks, num_microbatches, blocks, prices, steps=(1, 2)):
     for rank, table in enumerate(tables):
         clock, sent_before = 0.0, 0
         for step in steps:
-            for kind, chunk, micro_batch in table:
+            for previous, (kind, chunk, micro_batch) in zip([None, *table], table):
                 stage = theory.stage(placement, num_ranks, rank, chunk)
+                warm = previous is not None and previous[0] in ("forward", "backward") and previous[1] == chunk
+                cold = prices.cold_forward * blocks[stage] * (kind == "forward" and not warm)
                 category = "forward" if kind == "forward" else "weight" if kind == "weight" else "backward"
                 before, after = (stage - 1, stage + 1) if category == "forward" else (stage + 1, stage - 1)
                 received = category != "weight" and rank_of.get(before, rank) != rank
@@ -42,9 +45,9 @@ def made_trace(name, num_ranks, num_microbatches, blocks, prices, steps=(1, 2)):
                            for phase, time in (("B", clock), ("E", clock + runtime))]
                 clock += runtime
                 events.append({"name": f"{category} {micro_batch}", "cat": category, "ph": "X", "pid": rank,
-                               "tid": 0, "ts": clock, "dur": cost[kind] / num_chunks,
+                               "tid": 0, "ts": clock, "dur": cost[kind] / num_chunks + cold,
                                "args": {"step": step, "micro_batch": micro_batch, "chunk": chunk, "stage": stage}})
-                clock += cost[kind] / num_chunks
+                clock += cost[kind] / num_chunks + cold
             held = [stage for stage, its_rank in rank_of.items() if its_rank == rank]
             outside = sum(prices.outside[0] * blocks[stage] for stage in held) + \
                 prices.outside[1] * (num_stages - 1 in held)
@@ -58,9 +61,17 @@ def made_trace(name, num_ranks, num_microbatches, blocks, prices, steps=(1, 2)):
 @pytest.mark.parametrize("name,blocks", [("zb-h1", [4, 3]), ("1f1b", [2, 2, 3]), ("zbv", [2, 1, 2, 2])])
 def test_fit_recovers_the_prices_a_trace_was_made_at(name, blocks):
     """Runtime per computation and per message (W's post nothing, so the two are told apart), the outside's block
-    and head shares, and the latency: each as made, on a loop of 2 and 3 ranks and a V."""
-    found = fit.fit(made_trace(name, len(blocks) // (2 if name == "zbv" else 1), 4, blocks, PRICES))
+    and head shares, the latency and a cold forward's price a block: each as made, on a loop of 2 and 3 ranks and
+    a V; and the share of cold forwards, counted from the tables by the rule made_trace follows."""
+    num_ranks = len(blocks) // (2 if name == "zbv" else 1)
+    found = fit.fit(made_trace(name, num_ranks, 4, blocks, PRICES))
     assert found.latency == pytest.approx(PRICES.latency)
+    assert found.cold_forward == pytest.approx(PRICES.cold_forward)
+    tables = schedules.table(name, num_ranks, 4)
+    cold = sum(kind == "forward" and (previous is None or previous[0] not in ("forward", "backward")
+                                      or previous[1] != chunk)
+               for table in tables for previous, (kind, chunk, _) in zip([None, *table], table))
+    assert found.cold_share == pytest.approx(cold / (len(blocks) * 4))
     if name != "1f1b":  # 1F1B's computations each post one message: per computation and per message are one sum
         assert found.per_computation == pytest.approx(PRICES.per_computation)
         assert found.per_message == pytest.approx(PRICES.per_message)
@@ -76,14 +87,20 @@ def test_fit_needs_a_step_in_parts():
         fit.fit(trace)
 
 
-@pytest.mark.parametrize("head,expected", [(900.0, 1290.0), (0.0, 850.0)])
-def test_run_step_by_hand(head, expected):
+@pytest.mark.parametrize("head,cold,cold_share,expected", [(900.0, 0.0, 0.0, 1290.0), (0.0, 0.0, 0.0, 850.0),
+                                                          (900.0, 10.0, 0.0, 1300.0), (0.0, 10.0, 0.0, 870.0),
+                                                          (0.0, 10.0, 1.0, 850.0)])
+def test_run_step_by_hand(head, cold, cold_share, expected):
     """1F1B, 2 ranks, 1 micro-batch, F 100 and B 200 (I 100, W 100), per computation 10, per message 20, latency
     50, outside a block 30 and the head `head`: each computation posts one message, so F0 on rank 0 lasts 130, then
     50 on the wire, F0 and B0 on rank 1 130 and 230, 50 back, B0 on rank 0 230: 820 long. Rank 0 idles nowhere at
     its ends and spends 30 between steps: 850; rank 1 idles 180 before its first computation and 280 after its last
-    (460) and spends 30 + head: 390 + head. The step is the longer."""
-    prices = fit.Prices(latency=50.0, per_computation=10.0, per_message=20.0, outside=(30.0, head))
+    (460) and spends 30 + head: 390 + head. The step is the longer. Both forwards come first on their rank, cold:
+    a cold forward's price of 10 a block, where the fitted run's forwards were all warm (cold_share 0), makes each
+    forward 10 longer: the span 840, rank 0's step 870 and rank 1's 400 + head (it idles 10 more before its first);
+    where they were all cold, nothing (its mean forward holds the price already)."""
+    prices = fit.Prices(latency=50.0, per_computation=10.0, per_message=20.0, outside=(30.0, head), cold_forward=cold,
+                        cold_share=cold_share)
     tables = schedules.table("1f1b", 2, 1)
     step = fit.run_step(tables, "loop", 1, [costs.stage_costs(100, 100, 100)] * 2, prices, [1, 1])
     assert step == pytest.approx(expected)

@@ -3,7 +3,8 @@
 hand over where a rank waited for it; its "step in parts" row (harness/summary.py) gives the runtime's own time
 between computations and each rank's time between steps. Times in microseconds, the trace's unit.
 
-fit         a message's hand-over, the runtime per computation and per message, and each rank's time between steps
+fit         a message's hand-over, the runtime per computation and per message, each rank's time between steps, and
+            what a forward pays more where its weights have left the cache
 run_step    a table's step as a run measures it (step_ms_mean), in microseconds, at a stage's costs and those prices
 as_run      a stage's costs with its full backward as the schedule's own script runs it
 """
@@ -27,6 +28,8 @@ class Prices(NamedTuple):
     per_computation: float  # the runtime's own time around each computation (bookkeeping, Python)
     per_message: float  # and for each message a computation receives or sends to another rank (posting it)
     outside: tuple  # between steps (the optimizer, zero_grad): a block's share and the head's, per stage
+    cold_forward: float = 0.0  # a block's more for a forward whose weights the cache no longer holds (_cold_forwards)
+    cold_share: float = 0.0  # the share of the fitted run's forwards that were such: its mean forward holds them
 
 
 def fit(trace):
@@ -34,8 +37,9 @@ def fit(trace):
     as per_computation + per_message x the messages posted there (its own receive, the previous computation's send);
     each rank's time between steps fitted as a block's share times the blocks it holds plus the head's on the rank
     that holds the last stage (otherData's blocks: each stage's); a message's hand-over from the waits for one
-    (_handover), else the latency the run measured at start-up (otherData). ValueError if the trace has no step in
-    parts (a trace of another program's, or of an older version)."""
+    (_handover), else the latency the run measured at start-up (otherData); and what a forward pays more where its
+    weights have left the cache (_cold_forwards).
+    ValueError if the trace has no step in parts (a trace of another program's, or of an older version)."""
     events, other = trace.get("traceEvents", []), trace.get("otherData", {})
     computations = [event for event in events if event.get("ph") == "X" and event.get("cat") in COMPUTE]
     parts = _stretches(events)
@@ -64,7 +68,7 @@ def fit(trace):
              and event["args"]["step"] in measured]
     handover = _handover(computations, waits, rank_of)
     latency = other.get("message_latency_ms", 0.0) * 1e3 if handover is None else handover
-    return Prices(latency, per_computation, per_message, _block_and_head(shares))
+    return Prices(latency, per_computation, per_message, _block_and_head(shares), *_cold_forwards(computations, blocks))
 
 
 def run_step(tables, placement, num_chunks, stage_costs, prices, blocks):
@@ -81,6 +85,8 @@ def run_step(tables, placement, num_chunks, stage_costs, prices, blocks):
     rank_of = {stage: rank for (rank, _), stage in stages.items()}
     priced = [{kind: value + prices.per_computation + prices.per_message * sum(_messages(kind, stage, rank_of))
                for kind, value in cost.items()} for stage, cost in enumerate(stage_costs)]
+    for stage, share in _cold_shares(tables, stages).items():  # a forward's mean at this table's share of cold ones
+        priced[stage]["forward"] += prices.cold_forward * blocks[stage] * (share - prices.cold_share)
     spans = theory.replay(tables, lambda rank, chunk: stages[rank, chunk], num_stages, priced, prices.latency)
     length = max(end for _, end in spans.values())
     block, head = prices.outside
@@ -92,6 +98,52 @@ def run_step(tables, placement, num_chunks, stage_costs, prices, blocks):
         outside = sum(block * blocks[stage] for stage in held) + head * (num_stages - 1 in held)
         steps.append(length - ends + outside)
     return max(steps)
+
+
+def _cold_forwards(computations, blocks):
+    """A forward finds its weights in the cache right after a forward or an I of its own chunk, which read them; after
+    anything else (a W, which writes the weight gradients, a full backward, the other chunk's computation, or the
+    optimizer, which sweeps every tensor between steps) it reads them from memory again and takes longer: the extra
+    a block, the mean over such cold forwards of their span less their stage's warm forwards' mean, per block of the
+    stage (none less than nothing); and the share of the run's forwards that were cold. (0, 0) without both kinds."""
+    splits = any(event["cat"] == "weight" for event in computations)  # else each backward is a full one (02-04)
+    cold, warm = [], {}  # cold: (stage, span); warm: stage -> spans
+    for rank in {event["pid"] for event in computations}:
+        mine = sorted((event for event in computations if event["pid"] == rank), key=lambda event: event["ts"])
+        for previous, event in zip([None, *mine], mine):
+            if event["cat"] != "forward":
+                continue
+            if previous is None or previous["args"]["step"] != event["args"]["step"]:
+                cold.append((event["args"]["stage"], event["dur"]))  # the step's first: after the optimizer
+                continue
+            kind = previous["cat"] if splits or previous["cat"] != "backward" else "full_backward"
+            if _finds_weights(kind, previous["args"]["chunk"], event["args"]["chunk"]):
+                warm.setdefault(event["args"]["stage"], []).append(event["dur"])
+            else:
+                cold.append((event["args"]["stage"], event["dur"]))
+    extras = [(span - statistics.mean(warm[stage])) / blocks[stage] for stage, span in cold
+              if stage in warm and blocks[stage]]
+    if not extras:
+        return 0.0, 0.0
+    return max(0.0, statistics.mean(extras)), len(cold) / (len(cold) + sum(map(len, warm.values())))
+
+
+def _finds_weights(previous_kind, previous_chunk, chunk):
+    """Whether a forward of this chunk finds its weights in the cache after the rank's computation before it (a
+    trace's category or a table's kind: a table's full backward is neither a forward nor an I)."""
+    return previous_kind in ("forward", "backward") and previous_chunk == chunk
+
+
+def _cold_shares(tables, stages):
+    """Each stage's share of cold forwards (_cold_forwards) in its rank's table (stages: (rank, chunk) -> stage)."""
+    counts = {}  # stage -> [cold forwards, forwards]
+    for rank, table in enumerate(tables):
+        for previous, (kind, chunk, _) in zip([None, *table], table):
+            if kind == "forward":
+                count = counts.setdefault(stages[rank, chunk], [0, 0])
+                count[0] += previous is None or not _finds_weights(previous[0], previous[1], chunk)
+                count[1] += 1
+    return {stage: cold / forwards for stage, (cold, forwards) in counts.items()}
 
 
 def as_run(cost, schedule):

@@ -690,7 +690,8 @@ Of the {len(pairs)} pairs whose measured steps differ by more than 5%, plan.py o
 (the others, the slower first: {swapped}).
 
 In the same runs, a forward right after a computation of the same chunk and right after one of the rank's other
-chunk, whose weights the cache may no longer hold (05, one stage a rank, has only the first kind):
+chunk, whose weights the cache may no longer hold (05, one stage a rank, has only the first kind; plan.py prices
+the second as it prices a forward after a W):
 
 """ + table(["2 ranks, all rounds", "forwards after the other chunk", "forward after the same chunk (ms)",
              "after the other chunk (ms)", "other / same"],
@@ -710,7 +711,9 @@ runtime spent around 05's, each message the hand-over 05's waits show, a full ba
 each rank's time between steps (`{shown_command}`, the even split's rows). The prices fitted (tools/fit.py): a
 message's hand-over {prices.latency / 1e3:.3f} ms (the ping-pong at start-up measured
 {fitted_trace["otherData"]["message_latency_ms"]:.3f} ms), the runtime
-{prices.per_computation / 1e3:.3f} ms a computation and {prices.per_message / 1e3:.3f} ms a message it posts.
+{prices.per_computation / 1e3:.3f} ms a computation and {prices.per_message / 1e3:.3f} ms a message it posts, and a
+forward whose weights have left the cache {prices.cold_forward / 1e3:.3f} ms more a block ({prices.cold_share:.0%} of
+05's forwards were such).
 
 {ran()}
 
