@@ -44,7 +44,8 @@ MEMORY = "--layers 16 --hidden 24 --batch-size 16 --micro-batches 8 --steps 3 --
 SPEED = "--batch-size 256 --hidden 1024 --layers 16 --micro-batches 8"  # the default size
 SPEED_STEPS, OVERHEAD_STEPS, DEFAULT = "--steps 10", "--steps 20", ""  # DEFAULT: the README's first command
 PP_DP = "--layers 7 --hidden 24 --steps 8 --threads 1 --lr 0.01 --dtype float64 --pace 30"
-SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS, ACCOUNT_ROUNDS, PYTORCH_ROUNDS = 4, 4, 3, 2, 8
+SPEED_ROUNDS, PP_DP_ROUNDS, OVERHEAD_RUNS, ACCOUNT_ROUNDS, PYTORCH_ROUNDS = 4, 4, 3, 2, 10
+PYTORCH_STEPS = "--steps 20"  # a round's ratio moves by several percent on shared cores: more steps, less noise
 HEAVY = "--layers 16 --hidden 1024 --classes 16384 --batch-size 256 --micro-batches 8 --steps 6"  # a heavy head
 HEAVY_ROUNDS = 3
 PREDICT = "--layers 12 --hidden 768 --batch-size 192 --micro-batches 6 --steps 10"  # plan.py's prediction, 2 ranks
@@ -59,7 +60,7 @@ if args.quick:
     HEAVY = "--layers 4 --hidden 32 --classes 512 --batch-size 16 --micro-batches 4 --steps 3"
     PREDICT = "--layers 4 --hidden 32 --batch-size 16 --micro-batches 4 --steps 3"
     SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = HEAVY_ROUNDS = PREDICT_ROUNDS = ACCOUNT_ROUNDS = 1
-    PYTORCH_ROUNDS = 2
+    PYTORCH_ROUNDS, PYTORCH_STEPS = 2, "--steps 3"
     README_PACED = PACED
     args.recompute_rounds = min(args.recompute_rounds, 1)
 
@@ -430,7 +431,7 @@ for name, script, schedule in PYTORCH_PAIRS:
     for round_ in range(PYTORCH_ROUNDS):
         pair = [(script, "--no-instrument"), ("tools/torch_schedules.py", f"--schedule {schedule}")]
         in_turn = pair if round_ % 2 == 0 else pair[::-1]
-        summaries = {script_: run(script_, 2, f"{SPEED} {SPEED_STEPS} {flags}") for script_, flags in in_turn}
+        summaries = {script_: run(script_, 2, f"{SPEED} {PYTORCH_STEPS} {flags}") for script_, flags in in_turn}
         mine, pytorchs = summaries[script], summaries["tools/torch_schedules.py"]
         ours.append(mine["step_ms_median"])
         theirs.append(pytorchs["step_ms_median"])
