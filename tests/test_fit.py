@@ -15,6 +15,12 @@ from tools import costs, fit
 PRICES = fit.Prices(latency=50.0, per_computation=30.0, per_message=70.0, outside=(40.0, 900.0), cold_forward=8.0)
 
 
+def finds_weights(previous, chunk):
+    """Whether a forward of this chunk comes right after a forward or an I of its own chunk (previous: the table's
+    entry before it, or None): the forwards made_trace runs warm."""
+    return previous is not None and previous[0] in ("forward", "backward") and previous[1] == chunk
+
+
 def made_trace(name, num_ranks, num_microbatches, blocks, prices, steps=(1, 2)):
     """A harness trace of `name`'s table as if run at F 100, I 80, W 60 (a full backward 140) a stage, every rank
     computing back to back but for the runtime's own time before each computation (prices' per computation and
@@ -34,8 +40,7 @@ def made_trace(name, num_ranks, num_microbatches, blocks, prices, steps=(1, 2)):
         for step in steps:
             for previous, (kind, chunk, micro_batch) in zip([None, *table], table):
                 stage = theory.stage(placement, num_ranks, rank, chunk)
-                warm = previous is not None and previous[0] in ("forward", "backward") and previous[1] == chunk
-                cold = prices.cold_forward * blocks[stage] * (kind == "forward" and not warm)
+                cold = prices.cold_forward * blocks[stage] * (kind == "forward" and not finds_weights(previous, chunk))
                 category = "forward" if kind == "forward" else "weight" if kind == "weight" else "backward"
                 before, after = (stage - 1, stage + 1) if category == "forward" else (stage + 1, stage - 1)
                 received = category != "weight" and rank_of.get(before, rank) != rank
@@ -68,8 +73,7 @@ def test_fit_recovers_the_prices_a_trace_was_made_at(name, blocks):
     assert found.latency == pytest.approx(PRICES.latency)
     assert found.cold_forward == pytest.approx(PRICES.cold_forward)
     tables = schedules.table(name, num_ranks, 4)
-    cold = sum(kind == "forward" and (previous is None or previous[0] not in ("forward", "backward")
-                                      or previous[1] != chunk)
+    cold = sum(kind == "forward" and not finds_weights(previous, chunk)
                for table in tables for previous, (kind, chunk, _) in zip([None, *table], table))
     assert found.cold_share == pytest.approx(cold / (len(blocks) * 4))
     if name != "1f1b":  # 1F1B's computations each post one message: per computation and per message are one sum

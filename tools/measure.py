@@ -618,14 +618,19 @@ PREDICT_RUNS = [("1f1b", "03_1f1b.py", ""), ("interleaved-1f1b", "04_interleaved
                 *((name, "09_any_schedule.py", f"--schedule {name}")
                   for name in ("dualpipev", "interleaved-zero-bubble", "looped-bfs"))]
 traces = [os.path.join(scratch, f"predict-05-{round_}.json") for round_ in range(PREDICT_ROUNDS)]
-CHUNKED = ("interleaved-1f1b", "zbv", "dualpipev", "interleaved-zero-bubble", "looped-bfs")  # two chunks a rank
+model = dict(zip(PREDICT.split()[::2], PREDICT.split()[1::2]))
+
+
+def chunked(name):
+    """Whether the schedule's table puts more than one chunk on a rank."""
+    return any(chunk for table in schedules.table(name, 2, int(model["--micro-batches"])) for _, chunk, _ in table)
 
 
 def predict_trace(name, round_):
     """The --trace of a prediction run: 05's, which plan.py is fitted on, and each chunked schedule's."""
     if name == "zb-h1":
         return traces[round_]
-    return os.path.join(scratch, f"predict-{name}-{round_}.json") if name in CHUNKED else None
+    return os.path.join(scratch, f"predict-{name}-{round_}.json") if chunked(name) else None
 
 
 def predict_flags(name, flags, round_):
@@ -664,7 +669,6 @@ shutil.copyfile(traces[fitted_round], fitted_on)
 with open(fitted_on) as file:
     fitted_trace = json.load(file)
 prices = fit.fit(fitted_trace)
-model = dict(zip(PREDICT.split()[::2], PREDICT.split()[1::2]))
 command = [sys.executable, "tools/plan.py", "--stages", "2", "--micro-batches", model["--micro-batches"],
            "--layers", model["--layers"], "--hidden", model["--hidden"], "--costs-from", fitted_on, "--json"]
 even = [int(model["--layers"]) // 2] * 2
@@ -684,6 +688,12 @@ for index, (name, script, flags) in enumerate(PREDICT_RUNS):
 pairs = [(a, b) for a in measured_steps for b in measured_steps if measured_steps[a] > 1.05 * measured_steps[b]]
 agreed = [(a, b) for a, b in pairs if planned[a]["run_step"] > planned[b]["run_step"]]
 swapped = ", ".join(f"{a} over {b}" for a, b in pairs if (a, b) not in agreed) or "none"
+switch_rows = []
+for name, script, flags in PREDICT_RUNS:
+    if chunked(name):
+        same, other, share = forwards_after([predict_trace(name, round_) for round_ in range(PREDICT_ROUNDS)])
+        switch_rows.append([f"`{script[:-3]}{' ' + flags if flags else ''}`", f"{share:.0%}", f"{same:.3f}",
+                            f"{other:.3f}", f"{other / same:.2f}"])
 predict_table = table(["2 ranks", "measured step (ms)", "plan.py's run (ms)", "off by", "within 10%",
                        "plan.py's step, free messages and runtime (ms)", "each round (ms)"], rows) + f"""
 
@@ -695,12 +705,7 @@ chunk, whose weights the cache may no longer hold (05, one stage a rank, has onl
 the second as it prices a forward after a W):
 
 """ + table(["2 ranks, all rounds", "forwards after the other chunk", "forward after the same chunk (ms)",
-             "after the other chunk (ms)", "other / same"],
-            [[f"`{script[:-3]}{' ' + flags if flags else ''}`", f"{share:.0%}", f"{same:.3f}", f"{other:.3f}",
-              f"{other / same:.2f}"]
-             for (name, script, flags), (same, other, share) in
-             ((run_, forwards_after([predict_trace(run_[0], round_) for round_ in range(PREDICT_ROUNDS)]))
-              for run_ in PREDICT_RUNS if run_[0] in CHUNKED)])
+             "after the other chunk (ms)", "other / same"], switch_rows)
 marked_tables["predict"] = predict_table
 out.append(f"""## A real step predicted: plan.py fitted on one run of 05
 
