@@ -2,8 +2,8 @@
 direction, and (06) the moments to send and receive when a schedule's order is a table.
 
 The schedules themselves (what is sent, when, and what is stashed for backward) live in the
-numbered scripts. Every send and receive runs through the rules in guarantees.py, each a named call
-with a one-line contract there; measuring, checking and reporting live in harness/, which a reader can skip.
+numbered scripts. Sends and receives are PyTorch's own calls; measuring, checking and reporting live in harness/,
+which a reader can skip.
 """
 
 import collections
@@ -17,11 +17,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
-import guarantees
 import harness
 import theory
 
-_rank, _num_ranks, _device, _dtype, _placement = 0, 1, torch.device("cpu"), torch.float32, "loop"
+_rank, _num_ranks, _num_chunks, _device, _dtype, _placement = 0, 1, 1, torch.device("cpu"), torch.float32, "loop"
 # 07: the world as pipelines side by side, named axes "dp" (which pipeline) and "pp" (which stage), and in 08
 # "tp" (which shard of the stage); the group the helpers send and receive in, this rank's pipeline (else the world)
 _mesh, _group = None, None
@@ -33,7 +32,7 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
     chunk c of rank r being stage c n + r ("loop") or r and 2n - 1 - r ("v"). data_parallel (07): the world is
     --data-parallel pipelines side by side, and device_mesh() names the two axes; tensor_parallel (08): each
     stage is --tensor-parallel shards, a third axis."""
-    global _rank, _num_ranks, _device, _dtype, _placement, _mesh, _group
+    global _rank, _num_ranks, _num_chunks, _device, _dtype, _placement, _mesh, _group
     harness.before_setup(args)  # cores and threads
     timeout = datetime.timedelta(seconds=args.timeout)  # every wait's
     _dtype = getattr(torch, args.dtype)  # the run's, looked up once
@@ -45,9 +44,8 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
         dist.init_process_group("nccl", timeout=timeout, device_id=_device)
     else:
         dist.init_process_group("gloo", timeout=timeout)
-    _rank, _num_ranks, _placement = dist.get_rank(), dist.get_world_size(), placement
-    guarantees.sync_sends, guarantees.num_chunks = args.sync_sends, args.virtual_stages
-    harness.after_setup(args, _device)  # the same flags on every rank, one clock, errors as sentences
+    _rank, _num_ranks, _num_chunks, _placement = dist.get_rank(), dist.get_world_size(), args.virtual_stages, placement
+    harness.after_setup(args, _device, named)  # the same flags on every rank, one clock, errors as sentences
     if data_parallel:
         # New groups wait 30 minutes by default, whatever init_process_group was given: pass --timeout on.
         options = dist.ProcessGroupNCCL.Options() if _device.type == "cuda" else dist.ProcessGroupGloo._Options()
@@ -141,12 +139,15 @@ def get_batch(args, step, device):
 # ----------------------------------------------------------------------------- point-to-point
 # A Send or a Recv names its tensor: the micro-batch, this rank's model chunk that sends or receives it
 # (0 but in the interleaved and V schedules), and whether it is a gradient, which goes to the previous stage
-# and comes from the next (an activation the other way). post() posts them as one group, and the stage
-# computes while they travel; the helpers named by direction are one-liners over it, and do nothing where
-# the pipeline ends, so a schedule reads the same on every rank. A sent tensor is let go once this rank
-# knows the peer has it, and wait_for_sends() lets go of the rest before the step ends (guarantees.py).
+# and comes from the next (an activation the other way). post() posts them as one group with PyTorch's own
+# batch_isend_irecv, and the stage computes while they travel; the helpers named by direction are one-liners
+# over it, and do nothing where the pipeline ends, so a schedule reads the same on every rank. The harness
+# wraps torch's calls with checks (harness/guarantees.py: sends let go of once received, NCCL's rules under
+# --sync-sends, a failed wait as one sentence); the lesson is right without them.
 Send = collections.namedtuple("Send", "micro_batch tensor is_gradient chunk", defaults=[0])
 Recv = collections.namedtuple("Recv", "micro_batch shape is_gradient chunk", defaults=[0])
+_sends = {}  # (peer, tag) -> the request that covers its send, until waited for
+_local = {}  # tag -> a tensor one chunk of this rank sent to the other (the V's turn on the bottom rank)
 
 
 def recv_forward(micro_batch, shape, chunk=0):
@@ -183,54 +184,63 @@ def send_backward_recv_forward(micro_batch, grad_input, recv_micro_batch, shape)
 def post(*operations):
     """Post Sends and Recvs as one group and return at once; pending.wait() returns what was received.
     NCCL runs two ranks' sends and receives in order on one stream: those that must overlap go together."""
-    guarantees.hold_back()
-    messages, arrivals = [], {}  # to and from other ranks; Recv -> its Message (None where the pipeline ends)
+    p2p_ops, buffers, sent, arriving = [], {}, {}, {}  # (peer, tag) of a Send, or a Recv -> its place in p2p_ops
     for op in operations:
         is_send = isinstance(op, Send)
-        link = _link(op, sending=is_send)  # None where the pipeline ends
-        message = None
-        if link is not None and link.peer == dist.get_rank():  # a link to itself: the tensor stays on this rank
-            message = guarantees.stay_local(link, harness.track(op.tensor.detach()) if is_send else None)
-        elif link is not None:
-            tensor = op.tensor.detach() if is_send else torch.empty(op.shape, dtype=_dtype, device=_device)
-            message = guarantees.Message(link, harness.track(tensor), is_send)
-            messages.append(message)
-        if not is_send:
-            arrivals[op] = message
-    operations = [dist.P2POp(dist.isend if message.is_send else dist.irecv, message.tensor, message.link.peer,
-                             group=_group, tag=guarantees.wire_tag(message.link)) for message in messages]
-    requests = dist.batch_isend_irecv(operations) if operations else []
-    guarantees.posted(messages, requests)
-    return Pending(arrivals)
+        peer, tag = _peer_and_tag(op, is_send)  # None where the pipeline ends
+        if is_send and peer == dist.get_rank():  # to this rank's other chunk (the V's turn): gloo cannot send to itself
+            _local[tag] = harness.track(op.tensor.detach())
+        elif is_send and peer is not None:
+            sent[peer, tag] = len(p2p_ops)
+            p2p_ops.append(dist.P2POp(dist.isend, op.tensor.detach(), peer, group=_group, tag=tag))
+        elif not is_send and peer in (None, dist.get_rank()):  # nothing comes, or it is here already
+            buffers[op] = _local.pop(tag, None)
+        elif not is_send:
+            buffers[op], arriving[op] = torch.empty(op.shape, dtype=_dtype, device=_device), len(p2p_ops)
+            p2p_ops.append(dist.P2POp(dist.irecv, buffers[op], peer, group=_group, tag=tag))
+    requests = covering(dist.batch_isend_irecv(p2p_ops) if p2p_ops else [], len(p2p_ops))
+    _sends.update({key: requests[k] for key, k in sent.items()})
+    return Pending(buffers, {recv: requests[k] for recv, k in arriving.items()})
 
 
-class Pending(collections.namedtuple("Pending", "arrivals")):  # arrivals: Recv -> its Message, None at an end
-    """A posted group's receives, each waited for when its tensor is needed."""
+def covering(requests, count):
+    """Each of a group's `count` operations' request: its own where the backend answers one an operation (gloo),
+    else the group's one, which NCCL answers for the whole group: waited for by each operation, done for all."""
+    return requests if len(requests) == count else requests * count
+
+
+class Pending(collections.namedtuple("Pending", "buffers requests")):
+    """A posted group's receives, each waited for when its tensor is needed: by Recv, its buffer (None where
+    nothing comes) and the request that covers it."""
 
     def wait(self):
         """Every receive's tensor, in the order posted (None where the pipeline ends)."""
-        return [self.received(recv) for recv in list(self.arrivals)]
+        return [self.received(recv) for recv in list(self.buffers)]
 
     def received(self, recv):
         """Wait for one of the group's Recvs and return its tensor: from here on only the caller holds it."""
-        message = self.arrivals.pop(recv)
-        tensor = guarantees.arrive(message)
+        if recv in self.requests:
+            self.requests.pop(recv).wait()
+        tensor = self.buffers.pop(recv)
         if tensor is not None and not recv.is_gradient:
             tensor.requires_grad_()  # an activation: backward leaves the gradient to send back in its .grad
         return tensor
 
 
 def release(*sends):
-    """Let go of these Sends' tensors (their tensor field unused), once their peers have them (06)."""
+    """Wait until these Sends' peers have them (their tensor field unused), which lets go of their buffers (06)."""
     for send in sends:
-        link = _link(send, sending=True)
-        if link is not None:
-            guarantees.release(link)
+        request = _sends.pop(_peer_and_tag(send, sending=True), None)
+        if request is not None:
+            request.wait()
 
 
 def wait_for_sends():
-    """Let go of every send still in transit: all must be received before the step ends."""
-    guarantees.release_all()
+    """Wait for every send still in transit: all must be received before the step ends."""
+    assert not _local, f"received by no one: {sorted(_local)}"
+    for request in _sends.values():
+        request.wait()
+    _sends.clear()
 
 
 def stage_of(rank, chunk):
@@ -238,19 +248,29 @@ def stage_of(rank, chunk):
     return theory.stage(_placement, _num_ranks, rank, chunk)
 
 
-def _link(operation, sending):
-    """The Link of one of this rank's Sends or Recvs, or None where the pipeline ends."""
+def _peer_and_tag(operation, sending):
+    """Where one of this rank's Sends or Recvs goes or comes from, a rank of the world, and its tag: the tensor's
+    name on the wire, so that gloo gives a receive only its own tensor. (None, None) where the pipeline ends."""
     stage = stage_of(_rank, operation.chunk)
-    last = _num_ranks * guarantees.num_chunks - 1  # the last stage
+    last = _num_ranks * _num_chunks - 1  # the last stage
     boundary = stage if sending != operation.is_gradient else stage - 1  # toward the next stage, or the previous
     if not 0 <= boundary < last:
-        return None
+        return None, None
     neighbour = boundary + 1 if boundary == stage else boundary  # the stage across the boundary
     # the V: stages s and 2n - 1 - s sit on one rank, so the bottom rank's chunks are neighbours (a link to itself)
     peer = neighbour % _num_ranks if _placement == "loop" else min(neighbour, last - neighbour)
     peer = peer if _group is None else dist.get_global_rank(_group, peer)
-    tag = guarantees.tag(operation.micro_batch, boundary, operation.is_gradient, last + 1)
-    return guarantees.Link(peer, tag, operation.micro_batch, operation.chunk, operation.is_gradient)
+    return peer, (operation.micro_batch * (last + 1) + boundary) * 2 + operation.is_gradient
+
+
+def named(tag, sending):
+    """What one of this rank's tags names, (micro_batch, chunk, is_gradient): _peer_and_tag's tag read back, for
+    the harness's spans and sentences."""
+    rest, is_gradient = divmod(tag, 2)
+    micro_batch, boundary = divmod(rest, _num_ranks * _num_chunks)
+    stage = boundary + (sending == bool(is_gradient))  # an activation goes from stage b to b + 1, a gradient back
+    chunk = next(chunk for chunk in range(_num_chunks) if stage_of(_rank, chunk) == stage)
+    return micro_batch, chunk, bool(is_gradient)
 
 
 # ----------------------------------------------------------------------------- a schedule as a table (06)
@@ -286,7 +306,7 @@ def timetable(schedules, rank, shapes):
             if other == rank:
                 moment(made).sends.append((kind, chunk, i))
                 moment(used).releases.append(Send(i, None, is_gradient, chunk))
-            for target_chunk in range(guarantees.num_chunks):
+            for target_chunk in range(_num_chunks):
                 if stage_of(rank, target_chunk) == target:  # a stage of this rank's
                     moment(made).recvs.append(Recv(i, shapes[i], is_gradient, target_chunk))
     return [moments[time] for time in sorted(moments)]

@@ -6,6 +6,8 @@ flags.py     the flags every script takes, their checks, and ending a run with o
 startup.py   cores and threads, errors as sentences, the same flags and one clock on every rank, a message's
              latency; finish, dump
 meters.py    what each rank measures as it runs: bytes held, spans, step times, when sends and receives are posted
+guarantees.py the rules around torch's sends and receives: held bytes, NCCL's rules under --sync-sends, a failed
+             wait as one sentence
 transport.py gloo's socket threads take the rank's core when they wake only while it computes
 summary.py   report: every rank's records on rank 0, the summary, its comparison with theory, each rank's step
              in parts beside the step's limit, the table
@@ -15,9 +17,9 @@ layout.py    once the pipeline is known: each stage's blocks as --partition says
 
 from harness.flags import PipelineError, fail, gave_up, parse_args
 from harness.layout import plan_stages
-from harness.meters import log_step, pace_share, posted, record, started, timed_step, track
+from harness.meters import log_step, pace_share, record, started, timed_step, track
 from harness.startup import after_setup, before_setup, dump, finish
 from harness.summary import report
 
 __all__ = ["PipelineError", "after_setup", "before_setup", "dump", "fail", "finish", "gave_up", "log_step",
-           "pace_share", "parse_args", "plan_stages", "posted", "record", "report", "started", "timed_step", "track"]
+           "pace_share", "parse_args", "plan_stages", "record", "report", "started", "timed_step", "track"]

@@ -193,10 +193,10 @@ class _Started(namedtuple("_Started", "kind requests begun nbytes")):
 
 
 def posted(messages):
-    """Note when sends and receives to other ranks are posted: each a guarantees.Message."""
+    """Note when sends and receives to other ranks are posted: each a harness.guarantees.Message."""
     if recorder.enabled:
         now = time.perf_counter() + recorder.offset
-        recorder.posts += [Post(recorder.step, message.is_send, message.link.peer, message.link.tag, now,
+        recorder.posts += [Post(recorder.step, message.is_send, message.peer, message.tag, now,
                                 message.tensor.nbytes) for message in messages]
 
 

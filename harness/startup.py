@@ -11,6 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from harness import guarantees
 from harness.flags import PipelineError, fail
 from harness.meters import idle_now, recorder
 
@@ -31,11 +32,13 @@ def before_setup(args):
     recorder.enabled, recorder.alternate, recorder.pace = not args.no_instrument, args.overhead, args.pace / 1e3
 
 
-def after_setup(args, device):
-    """Errors as sentences, the same flags on every rank, one clock for all, and a message's latency."""
+def after_setup(args, device, named):
+    """Errors as sentences, the rules around every send and receive (named: what a tag names, common.named), the
+    same flags on every rank, one clock for all, and a message's latency."""
     global _torch_excepthook
     _torch_excepthook, sys.excepthook = sys.excepthook, _excepthook  # after init_process_group, which sets its own
     recorder.device = device
+    guarantees.install(args, named)
     _check_same_flags(args)
     _sync_clock()
     _measure_latency(args)

@@ -1,4 +1,4 @@
-"""Each rule in guarantees.py is needed: broken through its name (a prepended line that replaces it), the
+"""Each rule in harness/guarantees.py is needed: broken through its name (a prepended line that replaces it), the
 guarantee it keeps fails where the suite checks it. The unbroken runs are checked in the other modules."""
 
 import subprocess
@@ -20,8 +20,8 @@ from tests.launch import (
 
 
 def without(rule, replacement="lambda *args, **kwargs: None"):
-    """A prepended line that replaces one rule of guarantees.py."""
-    return f"import guarantees\nguarantees.{rule} = {replacement}\n"
+    """A prepended line that replaces one rule of harness/guarantees.py."""
+    return f"from harness import guarantees\nguarantees.{rule} = {replacement}\n"
 
 
 def test_release_on_arrival(runs, tmp_path):
@@ -62,12 +62,14 @@ def test_wire_tag(tmp_path):
     --sync-sends would match by tag too and the misorder would pass unseen."""
     assert receives(tmp_path) == "matched"
     assert receives(tmp_path, *SYNC) == "swapped"
-    assert receives(tmp_path, *SYNC, prepend=without("wire_tag", "lambda link: link.tag")) == "matched"
+    assert receives(tmp_path, *SYNC, prepend=without("wire_tag", "lambda tag: tag")) == "matched"
 
 
-def test_stay_local(tmp_path):
-    """Without it, the V's bottom rank hands its chunk-1 forward nothing: the run fails."""
-    script = variant(tmp_path, "06_zbv.py", prepend=without("stay_local"))
+def test_a_link_to_itself(tmp_path):
+    """The lesson's own (common._local): where it keeps nothing, the V's bottom rank hands its chunk-1 forward
+    nothing, and the run fails."""
+    forgetful = "import common\ncommon._local = type('Forgetful', (dict,), {'__setitem__': lambda *args: None})()\n"
+    script = variant(tmp_path, "06_zbv.py", prepend=forgetful)
     out = tmp_path / "stay_local"
     out.mkdir()
     command = [sys.executable, script, *SIZE, "--micro-batches", "3", "--timeout", "5"]
@@ -78,7 +80,7 @@ def test_stay_local(tmp_path):
 def test_wait(tmp_path):
     """Without it, a wait that times out is a traceback, not one sentence naming the rank waited for."""
     script = variant(tmp_path, "03_1f1b.py", prepend=program("split_pairs") + without(
-        "wait", "lambda request, link, verb: request.wait()"))
+        "wait", "lambda message: message.request.wait()"))
     result = subprocess.run(torchrun(2, script, *SIZE, "--micro-batches", "4", *SYNC, "--timeout", "3"),
                             env=ENV, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "gave up in" not in result.stderr and "Traceback" in result.stderr

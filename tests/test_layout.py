@@ -64,7 +64,7 @@ def test_no_import_loop():
     assert not [module for module, path in MODULES.items() if "conftest" in imports(path)[0]]
 
 
-LESSON = ["common", "guarantees", "schedules", "theory"]  # what the numbered scripts run or print
+LESSON = ["common", "schedules", "theory"]  # what the numbered scripts run or print
 
 
 def test_imports_go_from_the_lab_to_the_lesson():
