@@ -1,9 +1,6 @@
 """What the lesson needs: start-up, the MLP and its partitioner, the data, point-to-point helpers named by
-direction, and (06) the moments to send and receive when a schedule's order is a table.
-
-The schedules themselves (what is sent, when, and what is stashed for backward) live in the
-numbered scripts. Sends and receives are PyTorch's own calls; measuring, checking and reporting live in harness/,
-which a reader can skip.
+direction, and (06) the moments to send and receive. The schedules live in the numbered scripts; measuring and
+checking live in harness/, which a reader can skip.
 """
 
 import collections
@@ -27,12 +24,10 @@ _mesh, _group = None, None
 
 
 def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
-    """Join the process group torchrun describes (a world of one without torchrun). Returns this rank's place
-    in its pipeline, the number of ranks in the pipeline, and the device. placement: where a rank's chunks sit,
-    chunk c of rank r being stage c n + r ("loop") or r and 2n - 1 - r ("v"). data_parallel (07): the world is
-    --data-parallel pipelines side by side, and device_mesh() names the two axes; tensor_parallel (08): each
-    stage is --tensor-parallel shards, a third axis."""
-    global _rank, _num_ranks, _num_chunks, _device, _dtype, _placement, _mesh, _group
+    """Join the process group torchrun describes (a world of one without torchrun). Returns this rank's place in
+    its pipeline, the pipeline's ranks, and the device. placement: chunk c of rank r is stage c n + r ("loop"), or
+    r and 2n - 1 - r ("v"); data_parallel, tensor_parallel: 07's and 08's mesh (_build_mesh)."""
+    global _rank, _num_ranks, _num_chunks, _device, _dtype, _placement
     harness.before_setup(args)  # cores and threads
     timeout = datetime.timedelta(seconds=args.timeout)  # every wait's
     _dtype = getattr(torch, args.dtype)  # the run's, looked up once
@@ -47,19 +42,26 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
     _rank, _num_ranks, _num_chunks, _placement = dist.get_rank(), dist.get_world_size(), args.virtual_stages, placement
     harness.after_setup(args, _device, named)  # the same flags on every rank, one clock, errors as sentences
     if data_parallel:
-        # New groups wait 30 minutes by default, whatever init_process_group was given: pass --timeout on.
-        options = dist.ProcessGroupNCCL.Options() if _device.type == "cuda" else dist.ProcessGroupGloo._Options()
-        options._timeout = timeout
-        # Rank = (copy * stages + stage) * shards + shard: a stage's shards are neighbouring ranks, a pipeline's
-        # stages are a stage's shards apart, a stage's copies a pipeline's ranks apart (07: shards = 1).
-        sizes = {"dp": args.data_parallel, "pp": _num_ranks // args.data_parallel // args.tensor_parallel}
-        sizes.update({"tp": args.tensor_parallel} if tensor_parallel else {})
-        _mesh = init_device_mesh(_device.type, tuple(sizes.values()), mesh_dim_names=tuple(sizes),
-                                 backend_override=dict.fromkeys(sizes, options))
-        _group, _rank, _num_ranks = _mesh.get_group("pp"), _mesh.get_local_rank("pp"), _mesh.size(1)
+        _build_mesh(args, tensor_parallel, timeout)
     args.blocks = partition(args.layers, _num_ranks * args.virtual_stages)  # each stage's count of blocks
     harness.plan_stages(args, _rank, _num_ranks, stage_of)  # --partition's other splits, and --pace's spans
     return _rank, _num_ranks, _device
+
+
+def _build_mesh(args, tensor_parallel, timeout):
+    """07 and 08: the world as --data-parallel pipelines side by side, each stage --tensor-parallel shards in 08;
+    this rank's place and the helpers' group become its pipeline's."""
+    global _rank, _num_ranks, _mesh, _group
+    # New groups wait 30 minutes by default, whatever init_process_group was given: pass --timeout on.
+    options = dist.ProcessGroupNCCL.Options() if _device.type == "cuda" else dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    # Rank = (copy * stages + stage) * shards + shard: a stage's shards are neighbouring ranks, a pipeline's
+    # stages are a stage's shards apart, a stage's copies a pipeline's ranks apart (07: shards = 1).
+    sizes = {"dp": args.data_parallel, "pp": _num_ranks // args.data_parallel // args.tensor_parallel}
+    sizes.update({"tp": args.tensor_parallel} if tensor_parallel else {})
+    _mesh = init_device_mesh(_device.type, tuple(sizes.values()), mesh_dim_names=tuple(sizes),
+                             backend_override=dict.fromkeys(sizes, options))
+    _group, _rank, _num_ranks = _mesh.get_group("pp"), _mesh.get_local_rank("pp"), _mesh.size(1)
 
 
 def device_mesh():
@@ -84,11 +86,8 @@ def partition(num_layers, num_stages):
 
 
 class Stage(nn.Module):
-    """Blocks first..last-1 of the MLP (Linear + ReLU each), plus the head on the last stage.
-
-    Parameter names are the whole model's ("blocks.5.weight", "head.bias") whichever
-    stage holds them, so gradients can be compared name by name with the baseline.
-    """
+    """Blocks first..last-1 of the MLP (Linear + ReLU each), plus the head on the last stage. Parameter names are
+    the whole model's ("blocks.5.weight", "head.bias") on any stage: gradients compare with the baseline's by name."""
 
     def __init__(self, args, first, last, has_head):
         super().__init__()
@@ -151,8 +150,7 @@ _local = {}  # tag -> a tensor one chunk of this rank sent to the other (the V's
 
 
 def recv_forward(micro_batch, shape, chunk=0):
-    """The previous stage's activation for this micro-batch (None on the first stage). It arrives as a leaf that
-    requires grad (Pending.received), so backward leaves the gradient to send back in its .grad."""
+    """The previous stage's activation for this micro-batch (None on the first stage), a leaf that requires grad."""
     return post(Recv(micro_batch, shape, False, chunk)).wait()[0]
 
 

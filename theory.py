@@ -1,19 +1,7 @@
-"""The theory every run is compared against, in one place: what the scripts print beside what they measure.
-Plain Python: it imports nothing of the lesson.
-
-stage         where a rank's chunk sits, on the loop or the V
-counted_costs each stage's F, I and W, counted from its layers in block forwards (paced_spans: --pace's spans)
-replay        when each computation starts, and when its result is out, if each takes its cost (the same on every
-              stage, or each stage's own); common.timetable follows it, and the harness replays a run's own order
-bubbles       each rank's idle share of its pipeline's span, from a replay (busiest_bubble: the busiest rank's)
-steps         a table's steps: a computation, or a forward and the overlapped backward after it (F&B), which lasts
-              an overlap of its two parts (least_overlap: the most they can hide in each other)
-balanced      the contiguous split of the blocks whose replayed step is least (--partition balanced)
-peak_inflight the (chunk, micro_batch) pairs a rank keeps alive at its peak, counted over its table
-*_bubble      the closed forms, every computation one unit: naive, GPipe and 1F1B, ZB-H1, ZB-V
-*_inflight    the closed forms of the in-flight peaks
-
-A computation is (kind, chunk, micro_batch) in a table, (kind, stage, micro_batch) once placed.
+"""The theory every run is compared against, in one place: what the scripts print beside what they measure, the
+closed forms (*_bubble, *_inflight, every computation one unit) and the replay of a table (replay, bubbles,
+peak_inflight) that the closed forms are checked against. Plain Python: it imports nothing of the lesson. A
+computation is (kind, chunk, micro_batch) in a table, (kind, stage, micro_batch) once placed.
 """
 
 import itertools
