@@ -22,13 +22,11 @@ from common import (
     post,
     release,
     setup,
-    stage_of,
     timetable,
     wait_for_sends,
 )
 from harness import dump, log_step, parse_args, record, report, timed_step, track
-from schedules import zbv
-from theory import busiest_bubble, peak_inflight
+from theory import zbv_bubble, zbv_inflight
 
 args = parse_args(__doc__, micro_batches=True, v_shape=True, schedule="zbv")
 rank, num_ranks, device = setup(args, placement="v")
@@ -160,6 +158,5 @@ for step in range(args.steps):
         optimizer.step()
     log_step(step, loss)
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
-tables = zbv(num_ranks, args.micro_batches)  # this order as a table (schedules.py): the theory counts over it
-report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
-       bubble_theory=busiest_bubble(tables, stage_of, 2 * num_ranks))  # equal F, I, W; see the README
+report(args, stages, expected_inflight=lambda rank: zbv_inflight(num_ranks, args.micro_batches, rank),
+       bubble_theory=zbv_bubble(num_ranks, args.micro_batches))  # equal F, I, W; see the README
