@@ -16,7 +16,8 @@ from harness import dump, log_step, parse_args, record, report, timed_step
 args = parse_args(__doc__, one_process=True)
 rank, world_size, device = setup(args)
 model = build_stage(args, rank, world_size, device)  # in a world of one, the only stage is the whole model
-optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
+optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
 
 
 def forward_pass(inputs, labels):

@@ -33,7 +33,8 @@ from theory import gpipe_bubble, one_f_one_b_inflight
 args = parse_args(__doc__, micro_batches=True, schedule="1f1b")
 rank, num_stages, device = setup(args)
 stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
-optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
+# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
+optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr, fused=True)
 
 
 def forward_pass(stage, input_tensor, inputs, labels):

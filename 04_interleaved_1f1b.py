@@ -33,7 +33,8 @@ rank, num_stages, device = setup(args)
 num_chunks = args.virtual_stages
 # this rank's layers only: chunk c is stage c * n + rank of the n * v
 stages = [build_stage(args, chunk * num_stages + rank, num_stages * num_chunks, device) for chunk in range(num_chunks)]
-optimizer = torch.optim.Adam([param for stage in stages for param in stage.parameters()], lr=args.lr)
+# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
+optimizer = torch.optim.Adam([param for stage in stages for param in stage.parameters()], lr=args.lr, fused=True)
 # forwards (and backwards) per rank, Megatron-LM's m v: m rounded up to a multiple of n, those past m holes
 total_num_microbatches = -(-args.micro_batches // num_stages) * num_stages * num_chunks
 

@@ -43,7 +43,8 @@ rank, num_stages, device = setup(args, data_parallel=True)  # within this rank's
 mesh = device_mesh()  # mesh["pp"]: this rank's pipeline; mesh["dp"]: the copies of its stage, one in each pipeline
 copy, num_copies = mesh.get_local_rank("dp"), mesh.size(0)  # which pipeline this rank is in, of how many
 stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
-optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
+# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
+optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr, fused=True)
 
 
 def forward_pass(stage, input_tensor, inputs, labels):

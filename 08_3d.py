@@ -134,7 +134,8 @@ def whole(of):
 
 
 stage = parallelize(build_stage(args, rank, num_stages, device))  # this rank's layers only, its slice of them
-optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr)
+# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
+optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr, fused=True)
 
 
 def forward_pass(stage, input_tensor, inputs, labels):
