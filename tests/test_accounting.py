@@ -1,16 +1,21 @@
 """A step accounted for: on every rank its parts (compute, schedule_wait, extra_wait, runtime, outside) add up to
 the mean step, none below zero; the limit (the run's order replayed at its mean spans and its measured message
 latency, plus the ranks' time between steps) lies between the busiest rank's compute and the step, and what a step
-takes beyond it is the runtime's; the latency is an independent ping-pong's; paced, the waiting is the schedule's
+takes beyond it is the runtime's, and every message costs it the latency, which is half a round trip and an
+independent ping-pong's; paced, the waiting is the schedule's
 and the runtime's part is small; a step's CPU time is the process's, not the clock's; every part is in the trace."""
 
 import os
 import sys
 from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 
-from harness.summary import PARTS
+from harness import startup
+from harness import summary as summary_module
+from harness.meters import Span, StepTime, recorder
+from harness.summary import PARTS, Records
 from tests.launch import PROGRAMS, pipelined, settled, start_ranks, wait_ranks
 
 STEPS = ("--steps", "11")  # 10 measured (the first pays for warm-up), for steadier means on these shared cores
@@ -113,3 +118,45 @@ def test_trace_shows_every_part(runs):
         assert not overlaps, overlaps[:3]
         compute = sum(end - start for part, start, end in stretches if part == "compute") / 1e3  # ms
         assert compute == pytest.approx(run.summary["compute_ms"][rank] * 10, rel=1e-6)
+
+
+def test_latency_is_half_a_round_trip(monkeypatch):
+    """startup._measure_latency keeps the one-way time: on a clock where every message takes 5 ms, a round trip
+    takes 10 and the latency is 5 (the whole round trip would be twice the run's messages' time)."""
+    clock = [0.0]
+
+    def hop(*args, **kwargs):
+        clock[0] += 0.005
+
+    monkeypatch.setattr(startup, "idle_now", lambda: clock[0])
+    monkeypatch.setattr(startup.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(startup.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(startup.dist, "send", hop)
+    monkeypatch.setattr(startup.dist, "recv", hop)
+    monkeypatch.setattr(recorder, "latency", 0.0)
+    startup._measure_latency(SimpleNamespace(tensor_parallel=1, data_parallel=1, batch_size=8, micro_batches=2,
+                                             hidden=4, dtype="float32"))
+    assert recorder.latency == pytest.approx(0.005)
+
+
+def test_the_limit_pays_each_message_its_latency():
+    """The limit replays the run's order with each message taking the measured latency: 01's order on 2 ranks, F and
+    B one ms each, crosses the boundary twice on its one path (F0 out, B0 back), so a latency of L ms lengthens the
+    limit by 2 L; a replay with free messages would not move it."""
+    def records(rank):
+        """Rank's F0 and B0 in steps 0 and 1 (5 ms apart), as they ran without latency: rank 0's F at 0-1 ms and B
+        at 3-4, rank 1's F at 1-2 and B at 2-3."""
+        times = [(0.000, 0.001), (0.003, 0.004)] if rank == 0 else [(0.001, 0.002), (0.002, 0.003)]
+        spans = [Span(step, kind, 0, 0, 0.005 * step + start, 0.005 * step + end) for step in (0, 1)
+                 for kind, (start, end) in zip(["forward", "backward"], times)]
+        steps = [StepTime(step, 0.005 * step, 0.005 * step + 0.004, 0.0) for step in (0, 1)]
+        return Records(spans, steps, [], [], [(rank, rank + 1)], 0, 0, -1, 0, 0)
+
+    ranks = [records(0), records(1)]
+    span_ms = [{"forward": 1.0, "backward": 1.0}] * 2
+    limits = []
+    for latency in (0.0, 0.25):
+        summary = {"message_latency_ms": latency}
+        summary_module._account(summary, ranks, [1], 2, span_ms)
+        limits.append(summary["step_limit_ms"])
+    assert limits[1] - limits[0] == pytest.approx(2 * 0.25), limits
