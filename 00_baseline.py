@@ -16,7 +16,6 @@ from harness import dump, log_step, parse_args, record, report, timed_step
 args = parse_args(__doc__, one_process=True)
 rank, world_size, device = setup(args)
 model = build_stage(args, rank, world_size, device)  # in a world of one, the only stage is the whole model
-# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
 
 
@@ -31,7 +30,7 @@ def train_step(inputs, labels):
     under no_grad, saving nothing, and the backward runs it again."""
     with record("forward", 0), torch.set_grad_enabled(not args.recompute):
         loss = forward_pass(inputs, labels)
-    with record("backward", 0):
+    with record("full_backward", 0):
         if args.recompute:  # the forward again: its activations live for this backward only
             loss = forward_pass(inputs, labels)
         loss.backward()

@@ -33,7 +33,6 @@ from theory import gpipe_bubble, one_f_one_b_inflight
 args = parse_args(__doc__, micro_batches=True, schedule="1f1b")
 rank, num_stages, device = setup(args)
 stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
-# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr, fused=True)
 
 
@@ -54,7 +53,7 @@ def forward_step(micro_batch, input_tensor, inputs, labels):
 
 def backward_step(micro_batch, input_tensor, output_tensor, grad_output, inputs, labels):
     """Backpropagate: the received activation, a leaf that requires grad, gets the gradient to send back in .grad."""
-    with record("backward", micro_batch):
+    with record("full_backward", micro_batch):
         if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
             output_tensor = forward_pass(stage, input_tensor, inputs, labels)
         torch.autograd.backward(output_tensor, grad_tensors=grad_output)  # grad_output is None for the loss

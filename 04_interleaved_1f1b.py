@@ -33,7 +33,6 @@ rank, num_stages, device = setup(args)
 num_chunks = args.virtual_stages
 # this rank's layers only: chunk c is stage c * n + rank of the n * v
 stages = [build_stage(args, chunk * num_stages + rank, num_stages * num_chunks, device) for chunk in range(num_chunks)]
-# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
 optimizer = torch.optim.Adam([param for stage in stages for param in stage.parameters()], lr=args.lr, fused=True)
 # forwards (and backwards) per rank, Megatron-LM's m v: m rounded up to a multiple of n, those past m holes
 total_num_microbatches = -(-args.micro_batches // num_stages) * num_stages * num_chunks
@@ -69,7 +68,7 @@ def forward_step(micro_batch, chunk, input_tensor, inputs, labels):
 def backward_step(micro_batch, chunk, input_tensor, output_tensor, grad_output, inputs, labels):
     """Backpropagate: the received activation, a leaf that requires grad, gets the gradient to send back in .grad."""
     stage = stages[chunk]
-    with record("backward", micro_batch, chunk):
+    with record("full_backward", micro_batch, chunk):
         if args.recompute:  # the forward again, from the stage's input: its activations live for this backward only
             output_tensor = forward_pass(stage, input_tensor, inputs, labels)
         torch.autograd.backward(output_tensor, grad_tensors=grad_output)  # grad_output is None for the loss

@@ -37,7 +37,6 @@ from theory import zb_h1_bubble, zb_h1_inflight
 args = parse_args(__doc__, micro_batches=True, schedule="zb-h1")
 rank, num_stages, device = setup(args)
 stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
-# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr, fused=True)
 noted = []  # (Linear, its input, its output's gradient edge) for each Linear the forward has run
 

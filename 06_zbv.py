@@ -32,7 +32,6 @@ args = parse_args(__doc__, micro_batches=True, v_shape=True, schedule="zbv")
 rank, num_ranks, device = setup(args, placement="v")
 # this rank's layers only: chunk 0 is stage rank, chunk 1 stage 2n - 1 - rank, the V's two arms
 stages = [build_stage(args, stage, 2 * num_ranks, device) for stage in (rank, 2 * num_ranks - 1 - rank)]
-# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
 optimizer = torch.optim.Adam([param for stage in stages for param in stage.parameters()], lr=args.lr, fused=True)
 noted = []  # (Linear, its input, its output's gradient edge) for each Linear the forward has run
 

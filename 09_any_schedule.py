@@ -42,7 +42,6 @@ tables = schedules.load(args.schedule, num_ranks, args.micro_batches, num_chunks
 overlapped = {computation for step in steps(tables[rank]) if len(step) == 2 for computation in step}  # F&B steps
 # this rank's layers only: chunk c is stage c n + rank ("loop"), or rank and 2n - 1 - rank ("v")
 stages = [build_stage(args, stage_of(rank, chunk), num_ranks * num_chunks, device) for chunk in range(num_chunks)]
-# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
 optimizer = torch.optim.Adam([param for stage in stages for param in stage.parameters()], lr=args.lr, fused=True)
 noted = []  # (Linear, its input, its output's gradient edge) for each Linear the forward has run
 

@@ -14,7 +14,8 @@ import theory
 from harness import transport
 from harness.flags import gave_up
 
-COMPUTE = ("forward", "backward", "weight")  # the kinds of span that compute; the others: "wait", "allreduce", TP
+# the kinds of span that compute, F, I, W and B as the README names them; the others: "wait", "allreduce", TP
+COMPUTE = ("forward", "backward", "weight", "full_backward")
 TP = "tp_allreduce"  # 08's tensor-parallel all-reduces and gathers, inside its forwards and backwards
 
 # The records, times in seconds on rank 0's clock (on CUDA a span's are events until its step is over): a computation,
@@ -147,7 +148,7 @@ def record(kind, micro_batch, chunk=0):
     computes = kind in COMPUTE
     if computes:
         transport.computing(True)
-    with hooks if recorder.enabled and kind in ("forward", "backward") else contextlib.nullcontext():
+    with hooks if recorder.enabled and kind in ("forward", "backward", "full_backward") else contextlib.nullcontext():
         yield
     if computes:
         transport.computing(False)

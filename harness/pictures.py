@@ -6,18 +6,20 @@ import shutil
 
 from harness.meters import COMPUTE, TP
 
-LETTERS = {"forward": "F", "backward": "B", "weight": "W", "allreduce": "AR", TP: "TP"}
-FILLS = {"forward": "-", "backward": "=", "weight": "~", "allreduce": "+", TP: "#"}  # after a label, in the timeline
-COLOURS = {"forward": "#4e79a7", "backward": "#59a14f", "weight": "#f28e2b", "allreduce": "#9c9c9c", TP: "#e15759"}
+LETTERS = {"forward": "F", "backward": "I", "weight": "W", "full_backward": "B", "allreduce": "AR", TP: "TP"}
+# after a label, in the timeline
+FILLS = {"forward": "-", "backward": "=", "weight": "~", "full_backward": "=", "allreduce": "+", TP: "#"}
+COLOURS = {"forward": "#4e79a7", "backward": "#59a14f", "weight": "#f28e2b", "full_backward": "#59a14f",
+           "allreduce": "#9c9c9c", TP: "#e15759"}
 
 
-def _label(span, num_chunks, split):
-    """PyTorch's letters, as tools/draw.py draws a table: F3 (micro-batch 3), B3 a full backward, or I3 and W3 where
-    the run splits it (split); a rank's second chunk of two in small letters (f3), with more chunks .c after the
-    micro-batch (F3.2); AR for the gradient all-reduce, TP for 08's."""
+def _label(span, num_chunks):
+    """PyTorch's letters, as tools/draw.py draws a table: F3 (micro-batch 3), B3 a full backward, I3 and W3 a split
+    one's halves; a rank's second chunk of two in small letters (f3), with more chunks .c after the micro-batch
+    (F3.2); AR for the gradient all-reduce, TP for 08's."""
     if span.kind not in COMPUTE:
         return LETTERS[span.kind]
-    letter = "I" if span.kind == "backward" and split else LETTERS[span.kind]
+    letter = LETTERS[span.kind]
     letter = letter.lower() if num_chunks == 2 and span.chunk == 1 else letter
     return f"{letter}{span.micro_batch}" + (f".{span.chunk}" if num_chunks > 2 else "")
 
@@ -35,8 +37,7 @@ def timeline(spans, num_chunks):
     step, rows, start, length = _last_step(spans)
     width = max(40, shutil.get_terminal_size().columns - 10)
     kinds = {span.kind for row in rows for span in row}
-    split = "weight" in kinds
-    legend = "F forward, " + ("I input gradient, W weight gradient" if split else "B backward")
+    legend = "F forward, " + ("I input gradient, W weight gradient" if "weight" in kinds else "B backward")
     legend += (", AR gradient all-reduce" if "allreduce" in kinds else "") + (", # TP in F or B" if TP in kinds else "")
     chunk_legend = {1: "", 2: ", small letters chunk 1"}.get(num_chunks, ", .c model chunk c")
     lines = [f"timeline of step {step} ({1e3 * length:.1f} ms; {legend}{chunk_legend}; blank idle):"]
@@ -49,7 +50,7 @@ def timeline(spans, num_chunks):
             if span.kind == TP:  # inside its F or B: over the fill, never over a label
                 line[first:last] = [FILLS[TP] if char in "-=" else char for char in line[first:last]]
             else:
-                line[first:last] = (_label(span, num_chunks, split) + FILLS[span.kind] * width)[: last - first]
+                line[first:last] = (_label(span, num_chunks) + FILLS[span.kind] * width)[: last - first]
                 taken = last
         lines.append(f"rank {rank:2d} |{''.join(line).rstrip()}")
     return "\n".join(lines)
@@ -71,13 +72,12 @@ def write_svg(path, spans, num_chunks, summary):
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 10}" '
              f'height="{height * (len(rows) + 1) + 10}" font-family="monospace" font-size="11">',
              f'<rect width="100%" height="100%" fill="white"/><text x="4" y="16">{title}</text>']
-    split = any(span.kind == "weight" for row in rows for span in row)
     for rank, row in enumerate(rows):
         y = height * (rank + 1)
         parts.append(f'<text x="4" y="{y + 17}">rank {rank}</text>')
         for span in sorted(row, key=lambda span: span.kind == TP):  # TP over its F or B
             x, w = scale(span.start), max(1.0, scale(span.end) - scale(span.start))
-            label = _label(span, num_chunks, split)
+            label = _label(span, num_chunks)
             parts.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{height - 6}" '
                          f'fill="{COLOURS[span.kind]}" stroke="white"/>')
             if w > 7 * len(label):  # a label that fits its box

@@ -119,7 +119,7 @@ def test_counts_are_the_formulas(runs, copies, stages, shards, micro_batches, fl
                                                                   LAYERS))
     header = next(line for line in run.stdout.splitlines() if line.split()[:2] == ["rank", "layers"])
     assert header.split()[-3:] == ["TP", "params", "theory"]
-    computations = [event for event in run.trace["traceEvents"] if event.get("cat") in ("forward", "backward")]
+    computations = [event for event in run.trace["traceEvents"] if event.get("cat") in ("forward", "full_backward")]
     for event in run.trace["traceEvents"]:
         if event.get("cat") == "tp_allreduce":
             assert any(outer["pid"] == event["pid"] and outer["ts"] <= event["ts"]

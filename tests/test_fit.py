@@ -41,7 +41,7 @@ def made_trace(name, num_ranks, num_microbatches, blocks, prices, steps=(1, 2)):
             for previous, (kind, chunk, micro_batch) in zip([None, *table], table):
                 stage = theory.stage(placement, num_ranks, rank, chunk)
                 cold = prices.cold_forward * blocks[stage] * (kind == "forward" and not finds_weights(previous, chunk))
-                category = "forward" if kind == "forward" else "weight" if kind == "weight" else "backward"
+                category = "full_backward" if kind in ("full_backward", "overlapped_backward") else kind  # as 02-04
                 before, after = (stage - 1, stage + 1) if category == "forward" else (stage + 1, stage - 1)
                 received = category != "weight" and rank_of.get(before, rank) != rank
                 runtime = prices.per_computation + prices.per_message * (received + sent_before)

@@ -92,7 +92,7 @@ def test_table_is_the_summary(runs):
 
 
 def test_trace_has_a_span_per_micro_batch(runs):
-    """One process per rank, and one forward and one backward span per micro-batch per rank per step,
+    """One process per rank, and one forward and one full backward span per micro-batch per rank per step,
     on one clock."""
     world, micro_batches = 4, 7
     run = pipelined(runs, "03_1f1b.py", world, micro_batches)
@@ -100,7 +100,7 @@ def test_trace_has_a_span_per_micro_batch(runs):
     assert sorted(e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name") == list(range(world))
     for rank in range(world):
         for step in range(3):
-            for kind in ("forward", "backward"):
+            for kind in ("forward", "full_backward"):
                 spans = [e["args"]["micro_batch"] for e in events
                          if e["ph"] == "X" and e["pid"] == rank and e["cat"] == kind and e["args"]["step"] == step]
                 assert sorted(spans) == list(range(micro_batches)), (rank, step, kind, spans)

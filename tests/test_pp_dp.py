@@ -109,7 +109,7 @@ def test_allreduce_after_the_last_backward(runs, stages, copies, micro_batches, 
     """Each rank's all-reduce is one span a step, from after its last backward; the table says how
     long it took and how much of it was hidden; 1F1B's in-flight counts are unchanged."""
     run = pp_dp(runs, stages, copies, micro_batches, *flags)
-    backwards, reduces = spans(run, "backward"), spans(run, "allreduce")
+    backwards, reduces = spans(run, "full_backward"), spans(run, "allreduce")
     for rank in range(stages * copies):
         for step in range(3):
             assert len(backwards[rank, step]) == micro_batches and len(reduces[rank, step]) == 1
@@ -126,7 +126,7 @@ def test_allreduce_after_the_last_backward(runs, stages, copies, micro_batches, 
 
 def check_first_stage_adds(run, one, stages, pace_ms):
     """The two claims below on one run of 07 (run) and one of 03 (one, its summary), paced at pace_ms."""
-    backwards, reduces = spans(run, "backward"), spans(run, "allreduce")
+    backwards, reduces = spans(run, "full_backward"), spans(run, "allreduce")
     for step in range(1, 8):
         for rank in range(2 * stages):
             pipeline = range(rank - rank % stages, rank - rank % stages + stages)

@@ -1,7 +1,7 @@
 """One word for one thing, across the code, the docs, the pictures and the tests: B is a full backward, I the
-input-gradient half of a split one (the zero-bubble paper's B, PyTorch's I), W the weight half. The trace's span
-kinds keep their names ("backward" is B where a script runs a full backward, I where it splits it: docs/reference.md
-says which), and so do the flags and the JSON fields."""
+input-gradient half of a split one (the zero-bubble paper's B, PyTorch's I), W the weight half. A kind's name means
+one thing everywhere, as the tables name them: a span of a full backward is "full_backward" in every script, of an
+I "backward" (docs/reference.md)."""
 
 import ast
 import os
@@ -54,3 +54,33 @@ def test_the_function_that_computes_i_is_named_for_i(script):
     assert computes_i == ["input_grad_step"], computes_i
     named_backward = [function.name for function in functions if "backward" in function.name]
     assert not named_backward, named_backward
+
+
+def recorded_kinds(script):
+    """(kind, what its span computes) for each `with record(kind, ...)` of the script: "full" where its body runs
+    torch.autograd.backward (every gradient at once), "input" where it runs torch.autograd.grad (I alone)."""
+    found = []
+    for node in ast.walk(ast.parse(text(script))):
+        if not isinstance(node, ast.With):
+            continue
+        for item in node.items:
+            call = item.context_expr
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "record" \
+                    and isinstance(call.args[0], ast.Constant):
+                calls = {ast.unparse(inner.func) for inner in ast.walk(node) if isinstance(inner, ast.Call)}
+                what = "full" if "torch.autograd.backward" in calls else "input" if "torch.autograd.grad" in calls \
+                    else None
+                found.append((call.args[0].value, what))
+    return found
+
+
+@pytest.mark.parametrize("script", sorted(name for name in os.listdir(HERE) if name[:2].isdigit()
+                                          and name.endswith(".py")))
+def test_a_kind_names_one_computation(script):
+    """Every span of a full backward is recorded as "full_backward", every I as "backward", in every script."""
+    kinds = recorded_kinds(script)
+    assert kinds, script
+    for kind, what in kinds:
+        assert what != "full" or kind == "full_backward", (script, kind)
+        assert what != "input" or kind == "backward", (script, kind)
+        assert kind != "backward" or what == "input", (script, kind)

@@ -106,7 +106,6 @@ def _cold_forwards(computations, blocks):
     optimizer, which sweeps every tensor between steps) it reads them from memory again and takes longer: the extra
     a block, the mean over such cold forwards of their span less their stage's warm forwards' mean, per block of the
     stage (none less than nothing); and the share of the run's forwards that were cold. (0, 0) without both kinds."""
-    splits = any(event["cat"] == "weight" for event in computations)  # else each backward is a full one (02-04)
     cold, warm = [], {}  # cold: (stage, span); warm: stage -> spans
     for rank in {event["pid"] for event in computations}:
         mine = sorted((event for event in computations if event["pid"] == rank), key=lambda event: event["ts"])
@@ -116,8 +115,7 @@ def _cold_forwards(computations, blocks):
             if previous is None or previous["args"]["step"] != event["args"]["step"]:
                 cold.append((event["args"]["stage"], event["dur"]))  # the step's first: after the optimizer
                 continue
-            kind = previous["cat"] if splits or previous["cat"] != "backward" else "full_backward"
-            if _finds_weights(kind, previous["args"]["chunk"], event["args"]["chunk"]):
+            if _finds_weights(previous["cat"], previous["args"]["chunk"], event["args"]["chunk"]):
                 warm.setdefault(event["args"]["stage"], []).append(event["dur"])
             else:
                 cold.append((event["args"]["stage"], event["dur"]))
@@ -181,7 +179,7 @@ def _handover(computations, waits, rank_of):
     for rank in set(rank_of.values()):
         mine = sorted((event for event in computations + waits if event["pid"] == rank), key=lambda event: event["ts"])
         for wait, event in zip(mine, mine[1:]):
-            if wait["cat"] != "wait" or event["cat"] not in ("forward", "backward"):
+            if wait["cat"] != "wait" or event["cat"] not in ("forward", "backward", "full_backward"):
                 continue
             stage, step, micro_batch = event["args"]["stage"], event["args"]["step"], event["args"]["micro_batch"]
             source = stage - 1 if event["cat"] == "forward" else stage + 1  # the stage that made its input

@@ -114,9 +114,10 @@ def table(header, rows):
 
 
 def gradient_hop(trace, sender, receiver):
-    """Median ms from the end of a backward on `sender` to the start of the same micro-batch's on `receiver`."""
+    """Median ms from the end of a full backward on `sender` to the start of the same micro-batch's on `receiver`."""
     with open(trace) as file:
-        events = [e for e in json.load(file)["traceEvents"] if e.get("cat") == "backward" and e["args"]["step"] > 0]
+        events = [e for e in json.load(file)["traceEvents"]
+                  if e.get("cat") == "full_backward" and e["args"]["step"] > 0]
     ends = {(e["args"]["step"], e["args"]["micro_batch"]): e["ts"] + e["dur"] for e in events if e["pid"] == sender}
     return median([(e["ts"] - ends[e["args"]["step"], e["args"]["micro_batch"]]) / 1e3
                    for e in events if e["pid"] == receiver])
@@ -466,7 +467,7 @@ if args.recompute_rounds:
     ratios = [recomputed["step_ms_median"] / plain["step_ms_median"] for plain, recomputed in rounds]
     ratio_sentence = (f"{median(ratios):.2f} of its step without, the median of {len(rounds)} alternating rounds at 2 "
                     f"ranks and the default size (from {min(ratios):.2f} to {max(ratios):.2f})")
-    spans = lambda s: f"{s['span_ms']['forward']:.1f} / {s['span_ms']['backward']:.1f}"  # noqa: E731
+    spans = lambda s: f"{s['span_ms']['forward']:.1f} / {s['span_ms']['full_backward']:.1f}"  # noqa: E731
     rows = [[number + 1, f"{plain['step_ms_median']:.1f}", f"{recomputed['step_ms_median']:.1f}", f"{ratio:.3f}",
              spans(plain), spans(recomputed)]
             for number, ((plain, recomputed), ratio) in enumerate(zip(rounds, ratios))]

@@ -78,7 +78,6 @@ try:
                                             scale_grads=False)  # the shares add up: no division by m
 except ValueError as error:  # PyTorch's own limits on the micro-batch count
     harness.fail(f"{args.schedule} with {args.micro_batches} micro-batches on {n} ranks: {error}")
-# fused: Adam's update for every tensor in one pass, the default's maths several times faster on CPU
 optimizer = torch.optim.Adam([p for module in modules for p in module.parameters()], lr=args.lr, fused=True)
 has_first, has_last = any(stage.is_first for stage in stages), any(stage.is_last for stage in stages)
 
