@@ -34,7 +34,7 @@ PICTURES = {
     "07_pp_dp.py": [side_by_side([f"rank {rank}" for rank in range(6)])],
     "08_3d.py": [side_by_side([f"ranks {2 * stage}, {2 * stage + 1}".ljust(12) for stage in range(6)])],
     "09_any_schedule.py": [drawn("dualpipev", 2, 5, cost=theory.UNIT_COSTS)],
-    "README.md": [drawn("gpipe", 4, 1), drawn("gpipe", 4, 4), drawn("1f1b", 4, 8)],
+    "README.md": [drawn("gpipe", 4, 4), drawn("1f1b", 4, 8)],
     "docs/design.md": [drawn("interleaved-1f1b", 4, 8, 2), drawn("zb-h1", 4, 8), drawn("zbv", 4, 8)],
 }
 ROW = re.compile(r"^( *)ranks? \d+(, \d+)? {2,}\S")  # a picture's row: "rank 3  F0 ..." or "ranks 0, 1    F0 ..."

@@ -50,6 +50,7 @@ HEAVY = "--layers 16 --hidden 1024 --classes 16384 --batch-size 256 --micro-batc
 HEAVY_ROUNDS = 3
 PREDICT = "--layers 12 --hidden 768 --batch-size 192 --micro-batches 6 --steps 10"  # plan.py's prediction, 2 ranks
 PREDICT_ROUNDS = 5
+SWEEP_ROUNDS = 3  # the m sweep's rounds, and the baseline's beside the pipelines
 README_PACED = PACED.replace("--hidden 64", "--hidden 1024")  # the README's pacing example: a head 10/1024 of a block
 if args.quick:
     PACED = "--layers 8 --hidden 16 --batch-size 16 --steps 2 --pace 10"
@@ -59,7 +60,7 @@ if args.quick:
     PP_DP = PP_DP.replace("--steps 8", "--steps 2").replace("--pace 30", "--pace 10")
     HEAVY = "--layers 4 --hidden 32 --classes 512 --batch-size 16 --micro-batches 4 --steps 3"
     PREDICT = "--layers 4 --hidden 32 --batch-size 16 --micro-batches 4 --steps 3"
-    SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = HEAVY_ROUNDS = PREDICT_ROUNDS = ACCOUNT_ROUNDS = 1
+    SPEED_ROUNDS = PP_DP_ROUNDS = OVERHEAD_RUNS = HEAVY_ROUNDS = PREDICT_ROUNDS = ACCOUNT_ROUNDS = SWEEP_ROUNDS = 1
     PYTORCH_ROUNDS, PYTORCH_STEPS = 2, "--steps 3"
     README_PACED = PACED
     args.recompute_rounds = min(args.recompute_rounds, 1)
@@ -126,8 +127,8 @@ def gradient_hop(trace, sender, receiver):
 out = []  # the sections of measured.md, in order
 # Each file's tables between markers, <!-- from measure.py: NAME --> ... <!-- end of measure.py's NAME -->, by name;
 # tests/test_docs.py reads this mapping and checks that every file has the markers of its names, and no others.
-MARKED = {"README.md": ["paced", "accounting"],
-          "docs/design.md": ["partition", "schedules", "recompute", "pytorch"],
+MARKED = {"README.md": ["paced", "accounting", "buys"],
+          "docs/design.md": ["pytorch", "micro-batches", "partition", "schedules", "recompute"],
           "docs/planning.md": ["plan", "paper", "dualpipe", "predict"]}
 marked_tables = {}  # NAME -> its table (or lines), as measured in this run
 
@@ -499,6 +500,95 @@ of each. Runs: {OVERHEAD_RUNS}.
 {ran()}
 
 {table(["instrumented (ms)", "bare (ms)", "instrumented over bare"], rows)}""")
+
+# (4c) More micro-batches are not free: 03 and 06 at 2 ranks, the default batch cut into m = 1 to 16 micro-batches.
+SWEEP_MS = (1, 2, 4, 8, 16) if not args.quick else (1, 2, 4)
+SWEEP_RUNS = [("03", "03_1f1b.py"), ("06", "06_zbv.py")]
+sweep = []  # each round: {(name, m): summary}
+for round_ in range(SWEEP_ROUNDS):  # which m runs first alternates
+    sweep.append({(name, m): run(script, 2, f"{unsplit} {SPEED_STEPS} --micro-batches {m}")
+                  for m in SWEEP_MS[::1 - 2 * (round_ % 2)] for name, script in SWEEP_RUNS})
+batch = int(dict(zip(unsplit.split()[::2], unsplit.split()[1::2]))["--batch-size"])
+sweep_rows = []
+for m in SWEEP_MS:
+    row = [m, batch // m]
+    for name, _ in SWEEP_RUNS:
+        runs = [round_[name, m] for round_ in sweep]
+        compute = median([max(s["compute_ms"]) for s in runs])
+        row += [f"{median([s['step_ms_median'] for s in runs]):.1f}", f"{compute:.1f}",
+                f"{median([s['bubble_busiest'] for s in runs]):.2f}", f"{runs[0]['bubble_theory']:.2f}"]
+    sweep_rows.append(row)
+sweep_header = ["m", "rows", *(f"{name} {column}" for name, _ in SWEEP_RUNS
+                                for column in ("step (ms)", "busiest compute (ms)", "bubble", "theory"))]
+marked_tables["micro-batches"] = table(sweep_header, sweep_rows)
+
+
+def sweep_picture(path, rows):
+    """The step against m (log scale) for each script of the sweep, and the busiest rank's bubble beside it."""
+    left, width, height, gap = 60, 300, 200, 90
+    steps = [float(cell) for row in rows for cell in row[2::4]]
+    top = max(steps) * 1.1
+    x = lambda index: left + index * width / max(1, len(rows) - 1)  # noqa: E731
+    colours = ["#4e79a7", "#e15759"]
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * (left + width) + gap}" height="{height + 70}" '
+             'font-family="monospace" font-size="11"><rect width="100%" height="100%" fill="white"/>',
+             f'<text x="{left}" y="14">step (ms) against m, 2 ranks, a batch of {batch}</text>',
+             f'<text x="{2 * left + width + gap}" y="14">busiest rank\'s bubble (dashed: theory)</text>']
+    for panel, (column, scale) in enumerate(((2, top), (4, 1.0))):
+        shift = panel * (left + width + gap)
+        parts.append(f'<line x1="{shift + left}" y1="{height + 30}" x2="{shift + left + width}" y2="{height + 30}" '
+                     'stroke="black"/>')
+        parts += [f'<text x="{shift + x(i) - 4}" y="{height + 46}">{row[0]}</text>' for i, row in enumerate(rows)]
+        parts.append(f'<text x="{shift + 4}" y="{height + 34}">0</text><text x="{shift + 4}" y="34">{scale:.3g}</text>')
+        for series, (name, _) in enumerate(SWEEP_RUNS):
+            for offset, dash in ((0, ""), (1, ' stroke-dasharray="4 3"')):
+                if panel == 0 and offset:
+                    continue
+                values = [float(row[column + offset + 4 * series]) for row in rows]
+                points = " ".join(f"{shift + x(i):.1f},{30 + height * (1 - value / scale):.1f}"
+                                  for i, value in enumerate(values))
+                parts.append(f'<polyline points="{points}" fill="none" stroke="{colours[series]}"{dash}/>')
+            parts.append(f'<text x="{shift + left + width - 30}" y="{40 + 14 * series}" fill="{colours[series]}">'
+                         f'{name}</text>')
+    with open(path, "w") as file:
+        file.write("\n".join(parts + ["</svg>"]) + "\n")
+
+
+sweep_picture(os.path.join(args.out, "docs", "img", "micro_batches.svg"), sweep_rows)
+out.append(f"""## More micro-batches: the step against m
+
+03 and 06 at 2 ranks, the default model and batch cut into m micro-batches, in {SWEEP_ROUNDS} rounds (the order of m
+alternating), medians over the rounds: the step (`step_ms_median`), the busiest rank's compute a step
+(`compute_ms`), its bubble (`bubble_busiest`) and the theory's. `docs/img/micro_batches.svg` draws it.
+
+{ran()}
+
+{table(sweep_header, sweep_rows)}""")
+
+# (4d) What a pipeline buys: the baseline in one process, on one thread and on the pipelines' two cores, beside them.
+BUYS_RUNS = [("00 one process, 1 thread", "00_baseline.py", 1, f"{unsplit} --threads 1"),
+             ("00 one process, 2 threads", "00_baseline.py", 1, f"{unsplit} --threads 2"),
+             ("03 1F1B, 2 ranks x 1 thread", "03_1f1b.py", 2, f"{SPEED} --threads 1"),
+             ("06 ZB-V, 2 ranks x 1 thread", "06_zbv.py", 2, f"{SPEED} --threads 1")]
+buys = [[run(script, ranks, f"{flags} {SPEED_STEPS}") for _, script, ranks, flags in BUYS_RUNS]
+        for _ in range(SWEEP_ROUNDS)]
+buys_rows = []
+for index, (name, *_) in enumerate(BUYS_RUNS):
+    steps = [round_[index]["step_ms_median"] for round_ in buys]
+    over = [[round_[index]["step_ms_median"] / round_[base]["step_ms_median"] for round_ in buys] for base in (0, 1)]
+    buys_rows.append([name, f"{median(steps):.1f}", f"{median(over[0]):.2f}", f"{median(over[1]):.2f}"])
+buys_header = ["the default model and batch", "step (ms)", "over one thread", "over one process on the same cores"]
+speed_m = SPEED.split()[SPEED.split().index("--micro-batches") + 1]
+marked_tables["buys"] = table(buys_header, buys_rows)
+out.append(f"""## What a pipeline buys
+
+The baseline in one process, on one thread and on two (the cores two ranks of one thread use), beside 03 and 06
+on those two cores (m = {speed_m}), in {SWEEP_ROUNDS} rounds, each row once a round in this order; the ratios are
+medians over the rounds of a row's step over that round's baseline.
+
+{ran()}
+
+{table(buys_header, buys_rows)}""")
 
 # (5) The default run: the README's first command.
 s = run("03_1f1b.py", 2, DEFAULT)
