@@ -1,7 +1,6 @@
 """What the lesson needs: start-up, the MLP and its partitioner, the data, point-to-point helpers named by
 direction, and (06) the moments to send and receive. The schedules live in the numbered scripts; measuring and
-checking live in harness/, which a reader can skip.
-"""
+checking live in harness/, which a reader can skip."""
 
 import collections
 import datetime
@@ -107,9 +106,8 @@ class Stage(nn.Module):
 
 
 def _init_linear(linear, seed, layer, gain):
-    # He init (std = sqrt(gain / fan_in)) keeps a deep ReLU stack's signal from vanishing,
-    # which PyTorch's default init does not; each layer has its own seed, so a rank builds
-    # exactly the baseline's weights for its layers and never the others'.
+    # He init (std = sqrt(gain / fan_in)) keeps a deep ReLU stack's signal from vanishing, which PyTorch's default
+    # does not; each layer has its own seed, so a rank builds exactly the baseline's weights for its layers alone.
     generator = torch.Generator().manual_seed(seed_for(seed, "layer", layer))
     fan_out, fan_in = linear.weight.shape
     weight = torch.randn(fan_out, fan_in, generator=generator, dtype=torch.float64) * math.sqrt(gain / fan_in)
@@ -125,8 +123,7 @@ def build_stage(args, stage, num_stages, device):
 
 
 def get_batch(args, step, device):
-    """The step's batch, a function of (--seed, step) alone: noisy samples around one
-    fixed centre per class, a task the MLP learns in a few dozen steps."""
+    """The step's batch, a function of (--seed, step) alone: noisy samples around one fixed centre per class."""
     centres_generator = torch.Generator().manual_seed(seed_for(args.seed, "centres"))
     centres = torch.randn(args.classes, args.hidden, generator=centres_generator)
     generator = torch.Generator().manual_seed(seed_for(args.seed, "batch", step))
@@ -180,46 +177,49 @@ def send_backward_recv_forward(micro_batch, grad_input, recv_micro_batch, shape)
 
 
 def post(*operations):
-    """Post Sends and Recvs as one group and return at once; pending.wait() returns what was received.
-    NCCL runs two ranks' sends and receives in order on one stream: those that must overlap go together."""
-    p2p_ops, buffers, sent, arriving = [], {}, {}, {}  # (peer, tag) of a Send, or a Recv -> its place in p2p_ops
+    """Post Sends and Recvs as one group and return at once; pending.wait() returns what was received. Each
+    rank's sends and receives run in the order posted (NCCL): a send and the receive it waits on go together."""
+    p2p_ops, buffers, send_index, recv_index = [], {}, {}, {}  # a Send's (peer, tag), a Recv -> its place in p2p_ops
     for op in operations:
         is_send = isinstance(op, Send)
         peer, tag = _peer_and_tag(op, is_send)  # None where the pipeline ends
-        if is_send and peer == dist.get_rank():  # to this rank's other chunk (the V's turn): gloo cannot send to itself
+        if peer is None:  # the pipeline ends here: nothing to send, and nothing comes (Pending.received gives None)
+            continue
+        if peer == dist.get_rank() and is_send:  # to this rank's other chunk (the V's bottom): gloo cannot send there
             _local[tag] = harness.track(op.tensor.detach())
-        elif is_send and peer is not None:
-            sent[peer, tag] = len(p2p_ops)
+        elif peer == dist.get_rank():
+            buffers[op] = _local.pop(tag)  # from this rank's other chunk, sent earlier in this group or before
+        elif is_send:
+            send_index[peer, tag] = len(p2p_ops)
             p2p_ops.append(dist.P2POp(dist.isend, op.tensor.detach(), peer, group=_group, tag=tag))
-        elif not is_send and peer in (None, dist.get_rank()):  # nothing comes, or it is here already
-            buffers[op] = _local.pop(tag, None)
-        elif not is_send:
-            buffers[op], arriving[op] = torch.empty(op.shape, dtype=_dtype, device=_device), len(p2p_ops)
+        else:
+            recv_index[op] = len(p2p_ops)
+            buffers[op] = torch.empty(op.shape, dtype=_dtype, device=_device)
             p2p_ops.append(dist.P2POp(dist.irecv, buffers[op], peer, group=_group, tag=tag))
-    requests = covering(dist.batch_isend_irecv(p2p_ops) if p2p_ops else [], len(p2p_ops))
-    _sends.update({key: requests[k] for key, k in sent.items()})
-    return Pending(buffers, {recv: requests[k] for recv, k in arriving.items()})
+    requests = dist.batch_isend_irecv(p2p_ops) if p2p_ops else []  # one an operation (gloo), or the group's (NCCL)
+    requests = covering(requests, len(p2p_ops))
+    _sends.update({key: requests[k] for key, k in send_index.items()})
+    recvs = [op for op in operations if isinstance(op, Recv)]
+    return Pending(recvs, buffers, {recv: requests[k] for recv, k in recv_index.items()})
 
 
 def covering(requests, count):
-    """Each of a group's `count` operations' request: its own where the backend answers one an operation (gloo),
-    else the group's one, which NCCL answers for the whole group: waited for by each operation, done for all."""
+    """Each of a group's `count` operations' request: its own (gloo), or the one NCCL answers for the group."""
     return requests if len(requests) == count else requests * count
 
 
-class Pending(collections.namedtuple("Pending", "buffers requests")):
-    """A posted group's receives, each waited for when its tensor is needed: by Recv, its buffer (None where
-    nothing comes) and the request that covers it."""
+class Pending(collections.namedtuple("Pending", "recvs buffers requests")):
+    """A group's Recvs, each waited for when needed, with each one's buffer and request (none where nothing comes)."""
 
     def wait(self):
         """Every receive's tensor, in the order posted (None where the pipeline ends)."""
-        return [self.received(recv) for recv in list(self.buffers)]
+        return [self.received(recv) for recv in self.recvs]
 
     def received(self, recv):
         """Wait for one of the group's Recvs and return its tensor: from here on only the caller holds it."""
         if recv in self.requests:
             self.requests.pop(recv).wait()
-        tensor = self.buffers.pop(recv)
+        tensor = self.buffers.pop(recv, None)
         if tensor is not None and not recv.is_gradient:
             tensor.requires_grad_()  # an activation: backward leaves the gradient to send back in its .grad
         return tensor
@@ -255,7 +255,7 @@ def _peer_and_tag(operation, sending):
     if not 0 <= boundary < last:
         return None, None
     neighbour = boundary + 1 if boundary == stage else boundary  # the stage across the boundary
-    # the V: stages s and 2n - 1 - s sit on one rank, so the bottom rank's chunks are neighbours (a link to itself)
+    # the V: stages s and 2n - 1 - s sit on one rank, so the bottom rank's chunks are neighbours (it sends to itself)
     peer = neighbour % _num_ranks if _placement == "loop" else min(neighbour, last - neighbour)
     peer = peer if _group is None else dist.get_global_rank(_group, peer)
     return peer, (operation.micro_batch * (last + 1) + boundary) * 2 + operation.is_gradient

@@ -1,14 +1,14 @@
 """The rules that keep the point-to-point helpers' promises: a layer around torch's own calls, which after_setup
 installs (install) and common.py never names. The lesson posts each group with dist.batch_isend_irecv and waits
-for every request it gets back; here that call is wrapped, and each request the lesson waits for is a message's,
-waited for as its rule says. tests/test_guarantees.py breaks each rule through its name; tests/test_lesson.py
-runs the lesson with harness/ replaced by no-ops.
+for the request that covers each operation; here that call is wrapped, and each request the lesson waits for is a
+message's, waited for as its rule says. tests/test_guarantees.py and tests/test_one_request.py break each rule
+through its name; test_one_request.py also runs the lesson with the layer not installed.
 
-release_on_arrival  a send is let go once a tensor from its peer proves it arrived (test_memory_follows_inflight)
+release_on_arrival  a send is let go once a tensor from its peer proves it arrived (test_release_on_arrival)
 hold_back    --sync-sends runs a rank's groups one after another, as NCCL does (test_sync_sends_catches_a_*)
 wire_tag     --sync-sends matches receives by order alone, as NCCL does (test_guarantees.py::test_wire_tag)
-one_request  --sync-sends answers a group with one request, as NCCL does (tests/test_one_request.py)
-covering     each message waits for a request that covers it, one per operation or one a group (the same test)
+one_request  --sync-sends answers a group with one request, as NCCL does (test_one_request.py, under --sync-sends)
+covering     each message waits for a request that covers it, one per operation or one a group (test_one_request.py)
 wait         a failed wait is one sentence naming the rank waited for (test_stuck_rank_times_out)
 """
 
@@ -79,7 +79,7 @@ def posted(messages, requests):
     """Note a group's sends (in transit until let go) and receives (to wait for), and tell the meters."""
     global groups
     note_posted(messages)
-    for message, request in zip(messages, covering(messages, one_request(requests)), strict=True):
+    for message, request in zip(messages, covering(one_request(requests), len(messages)), strict=True):
         message.request = request
         message.group = groups
         if message.is_send:
@@ -94,10 +94,10 @@ def one_request(requests):
     return [Group(requests)] if sync_sends and len(requests) > 1 else requests
 
 
-def covering(messages, requests):
-    """Each message's request: its own where the backend answered one per operation (gloo), else one that
-    waits for the whole group, shared by all its messages (NCCL answers a group with a single request)."""
-    return requests if len(requests) == len(messages) else [Group(requests)] * len(messages)
+def covering(requests, count):
+    """Each of a group's `count` messages' request, as common.covering: its own where the backend answered one per
+    operation (gloo), else one that waits for the whole group, waited for once and shared by all its messages."""
+    return requests if len(requests) == count else [Group(requests)] * count
 
 
 class Group:

@@ -109,7 +109,7 @@ def test_tables_are_the_scripts_orders(runs, script, table, world, micro_batches
 
 @pytest.mark.parametrize("name", NAMES)
 def test_held_bytes_are_the_tables_count(runs, name):
-    """Every rank's peak held bytes are the count over its table (theory.held_count), exactly: in-flight
+    """Every rank's peak held bytes are the count over its table (tools.held.held_count), exactly: in-flight
     activations, pending W's and the tensors in transit, in rows x hidden float64 units."""
     world, m, rows, hidden, layers = 4, 8, 2, 24, 16
     summary = pipelined(runs, SCRIPT, world, m, "--schedule", name, size=MEMORY).summary

@@ -70,7 +70,7 @@ def test_a_link_to_itself(tmp_path):
     nothing, and the run fails."""
     forgetful = "import common\ncommon._local = type('Forgetful', (dict,), {'__setitem__': lambda *args: None})()\n"
     script = variant(tmp_path, "06_zbv.py", prepend=forgetful)
-    out = tmp_path / "stay_local"
+    out = tmp_path / "a_link_to_itself"
     out.mkdir()
     command = [sys.executable, script, *SIZE, "--micro-batches", "3", "--timeout", "5"]
     codes = wait_ranks(start_ranks(command, 2, out), 60)

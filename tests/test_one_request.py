@@ -62,6 +62,6 @@ def test_the_lesson_assuming_one_request_per_operation_again(tmp_path, baseline,
 def test_the_layer_assuming_one_request_per_message_again(tmp_path, flags):
     """guarantees.covering undone (each message zipped with a request of its own, as gloo answers): the layer finds
     a group's messages and requests do not pair, and the run stops rather than hand over an unfilled buffer."""
-    undone = "from harness import guarantees\nguarantees.covering = lambda messages, requests: requests\n"
+    undone = "from harness import guarantees\nguarantees.covering = lambda requests, count: requests\n"
     with pytest.raises(AssertionError, match="exited"):
         one_request_a_group(tmp_path, "03_1f1b.py", 2, flags, prepend=undone)

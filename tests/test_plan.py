@@ -141,7 +141,7 @@ def test_the_search_is_no_worse_than_any_table_that_fits_its_memory(num_ranks, n
 @pytest.mark.parametrize("num_ranks, num_microbatches", [(4, 8), (3, 5), (2, 7), (5, 10), (1, 3)])
 @pytest.mark.parametrize("message", [0, 0.3])
 def test_no_table_nor_search_beats_the_least_step(num_ranks, num_microbatches, message):
-    """theory.least_step bounds every order from below, on every placement, at the memory the order holds."""
+    """costs.least_step bounds every order from below, on every placement, at the memory the order holds."""
     n, m = num_ranks, num_microbatches
     for forward, input_grad, weight in COSTS:
         cost = costs.stage_costs(forward, input_grad, weight)

@@ -1,6 +1,6 @@
 """--recompute: each stage keeps only its input for a micro-batch in flight and runs its forward again
 inside the backward. Every script gives the baseline's gradients, losses and parameters, bitwise those of
-the same run without the flag; the held bytes are theory.held_theory's on every rank (derived in
+the same run without the flag; the held bytes are tools.held.held_theory's on every rank (derived in
 docs/design.md, *Recomputation*), 1F1B's largest at most half its largest without the flag; and 05 keeping
 its first forward's Linear inputs for W fails that theory."""
 
