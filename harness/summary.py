@@ -62,7 +62,8 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
             print(_table(summary, [rank.layers for rank in ranks]))
         if args.trace:
             other = {"blocks": args.blocks, "measured_steps": measured,
-                     "message_latency_ms": summary["message_latency_ms"]}
+                     "message_latency_ms": summary["message_latency_ms"], "batch_size": args.batch_size,
+                     "micro_batches": args.micro_batches, "rows": _rows(args)}
             pictures.write_trace(args.trace, spans, chunks, _stages(ranks), other, stretches)
         if args.svg:
             pictures.write_svg(args.svg, spans, len(stages), summary)
@@ -98,6 +99,13 @@ def _summarize(args, ranks, timed, measured):
     if args.overhead:
         summary["step_ms_median_bare"] = statistics.median_high([step_ms[step] for step in timed if step % 2])
     return summary
+
+
+def _rows(args):
+    """Each micro-batch's rows in pipeline 0 (07's and 08's copies each take a share of the batch, the first ones
+    the larger where it does not divide), as the scripts cut it (tensor_split)."""
+    share = torch.arange(args.batch_size).tensor_split(args.data_parallel)[0]
+    return [len(part) for part in share.tensor_split(args.micro_batches)]
 
 
 def _stages(ranks):

@@ -169,3 +169,14 @@ def test_svg_draws_every_computation(runs, tmp_path):
         assert picture.count(f'fill="{colour}"') == 2 * 3, kind  # 2 ranks, 3 micro-batches
     assert f"theory {run.summary['bubble_theory']:.3f}" in picture
     assert picture.count("<text") >= 2 + 1  # the rank labels and the title
+
+
+@pytest.mark.parametrize("script,world,flags,rows", [
+    ("03_1f1b.py", 2, ("--micro-batches", "3"), [4, 3, 3]),
+    ("07_pp_dp.py", 4, ("--micro-batches", "2", "--data-parallel", "2"), [3, 2]),
+], ids=["03-m3", "07-d2-m2"])
+def test_the_trace_records_its_rows(runs, script, world, flags, rows):
+    """A trace says what it timed: the batch, the micro-batch count, and each micro-batch's rows in the first
+    pipeline (10 samples: 4 + 3 + 3 in three; 07's first copy takes 5, cut 3 + 2)."""
+    other = runs(script, world, *SIZE, *flags).trace["otherData"]
+    assert (other["batch_size"], other["micro_batches"], other["rows"]) == (10, int(flags[1]), rows), other
