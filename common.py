@@ -39,7 +39,7 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
     else:
         dist.init_process_group("gloo", timeout=timeout)
     _rank, _num_ranks, _num_chunks, _placement = dist.get_rank(), dist.get_world_size(), args.virtual_stages, placement
-    harness.after_setup(args, _device, named)  # the same flags on every rank, one clock, errors as sentences
+    harness.after_setup(args, _device, named, covering)  # the same flags on every rank, one clock, the P2P checks
     if data_parallel:
         _build_mesh(args, tensor_parallel, timeout)
     args.blocks = partition(args.layers, _num_ranks * args.virtual_stages)  # each stage's count of blocks

@@ -8,7 +8,6 @@ release_on_arrival  a send is let go once a tensor from its peer proves it arriv
 hold_back    --sync-sends runs a rank's groups one after another, as NCCL does (test_sync_sends_catches_a_*)
 wire_tag     --sync-sends matches receives by order alone, as NCCL does (test_guarantees.py::test_wire_tag)
 one_request  --sync-sends answers a group with one request, as NCCL does (test_one_request.py, under --sync-sends)
-covering     each message waits for a request that covers it, one per operation or one a group (test_one_request.py)
 wait         a failed wait is one sentence naming the rank waited for (test_stuck_rank_times_out)
 """
 
@@ -27,6 +26,7 @@ groups = 0  # groups posted so far
 unwaited = []  # receives (Messages) posted and not yet waited for
 _post = None  # torch's own dist.batch_isend_irecv, once installed
 _named = None  # common.named: what a tag names, seen from this rank
+_covering = None  # common.covering: each operation's request, its own or its group's
 
 
 @dataclasses.dataclass(eq=False)
@@ -50,11 +50,12 @@ class Message:
         return True
 
 
-def install(args, named):
-    """Wrap dist.batch_isend_irecv with the rules, for this run's flags. named(tag, sending): what one of this
-    rank's tags names, (micro_batch, chunk, is_gradient), for the spans and the sentences."""
-    global sync_sends, num_chunks, _post, _named
-    sync_sends, num_chunks, _named = args.sync_sends, args.virtual_stages, named
+def install(args, named, covering):
+    """Wrap dist.batch_isend_irecv with the rules, for this run's flags. The lesson's own readings: named(tag,
+    sending), what one of this rank's tags names, (micro_batch, chunk, is_gradient), for the spans and the
+    sentences; covering(requests, count), each of a group's operations' request, as the backend answered."""
+    global sync_sends, num_chunks, _post, _named, _covering
+    sync_sends, num_chunks, _named, _covering = args.sync_sends, args.virtual_stages, named, covering
     if _post is None:
         _post, dist.batch_isend_irecv = dist.batch_isend_irecv, batch_isend_irecv
 
@@ -79,7 +80,8 @@ def posted(messages, requests):
     """Note a group's sends (in transit until let go) and receives (to wait for), and tell the meters."""
     global groups
     note_posted(messages)
-    for message, request in zip(messages, covering(one_request(requests), len(messages)), strict=True):
+    # the lesson's rule: a message whose request it misses stops the run here, not with an unfilled buffer later
+    for message, request in zip(messages, _covering(one_request(requests), len(messages)), strict=True):
         message.request = request
         message.group = groups
         if message.is_send:
@@ -94,14 +96,8 @@ def one_request(requests):
     return [Group(requests)] if sync_sends and len(requests) > 1 else requests
 
 
-def covering(requests, count):
-    """Each of a group's `count` messages' request, as common.covering: its own where the backend answered one per
-    operation (gloo), else one that waits for the whole group, waited for once and shared by all its messages."""
-    return requests if len(requests) == count else [Group(requests)] * count
-
-
 class Group:
-    """Requests waited for together: done once all are, and waited for once, whichever of its messages asks."""
+    """--sync-sends' one request for a group: done once all of it is, waited for once, whichever message asks."""
 
     def __init__(self, requests):
         self.requests = list(requests)

@@ -32,13 +32,14 @@ def before_setup(args):
     recorder.enabled, recorder.alternate, recorder.pace = not args.no_instrument, args.overhead, args.pace / 1e3
 
 
-def after_setup(args, device, named):
-    """Errors as sentences, the rules around every send and receive (named: what a tag names, common.named), the
-    same flags on every rank, one clock for all, and a message's latency."""
+def after_setup(args, device, named, covering):
+    """Errors as sentences, the rules around every send and receive (named, covering: how the lesson reads a tag
+    and a group's requests, common.named and common.covering), the same flags on every rank, one clock for all,
+    and a message's latency."""
     global _torch_excepthook
     _torch_excepthook, sys.excepthook = sys.excepthook, _excepthook  # after init_process_group, which sets its own
     recorder.device = device
-    guarantees.install(args, named)
+    guarantees.install(args, named, covering)
     _check_same_flags(args)
     _sync_clock()
     _measure_latency(args)

@@ -2,9 +2,9 @@
 with one per operation. Every pipelined script, with the transport made to answer as NCCL does, gives the
 baseline's gradients in float64: with gloo's rules, under --sync-sends, which answers so itself, and with the
 harness's layer around torch's calls not installed, the lesson facing the backend's answer alone. The lesson
-waits for the request that covers each operation, its own or the group's (common.covering), and the layer gives each
-message the same (harness/guarantees.py: covering): with either undone, one request per operation assumed again,
-the lesson's gradients are not the baseline's, and the layer's run stops."""
+waits for the request that covers each operation, its own or the group's (common.covering), and the layer pairs each
+message with the same: with the rule undone, one request per operation assumed again, the lesson's gradients are not
+the baseline's, and the layer stops the run."""
 
 import pytest
 
@@ -60,8 +60,8 @@ def test_the_lesson_assuming_one_request_per_operation_again(tmp_path, baseline,
 
 @pytest.mark.parametrize("flags", [("--micro-batches", "3"), ("--micro-batches", "3", *SYNC)], ids=["gloo", "sync"])
 def test_the_layer_assuming_one_request_per_message_again(tmp_path, flags):
-    """guarantees.covering undone (each message zipped with a request of its own, as gloo answers): the layer finds
-    a group's messages and requests do not pair, and the run stops rather than hand over an unfilled buffer."""
-    undone = "from harness import guarantees\nguarantees.covering = lambda requests, count: requests\n"
+    """common.covering undone (each message zipped with a request of its own, as gloo answers): the layer finds a
+    group's messages and requests do not pair, and the run stops rather than hand over an unfilled buffer."""
+    undone = "import common\ncommon.covering = lambda requests, count: requests\n"
     with pytest.raises(AssertionError, match="exited"):
         one_request_a_group(tmp_path, "03_1f1b.py", 2, flags, prepend=undone)

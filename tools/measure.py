@@ -508,7 +508,8 @@ sweep = []  # each round: {(name, m): summary}
 for round_ in range(SWEEP_ROUNDS):  # which m runs first alternates
     sweep.append({(name, m): run(script, 2, f"{unsplit} {SPEED_STEPS} --micro-batches {m}")
                   for m in SWEEP_MS[::1 - 2 * (round_ % 2)] for name, script in SWEEP_RUNS})
-batch = int(dict(zip(unsplit.split()[::2], unsplit.split()[1::2]))["--batch-size"])
+speed_flags = dict(zip(SPEED.split()[::2], SPEED.split()[1::2]))  # the default size, flag -> value
+batch = int(speed_flags["--batch-size"])
 sweep_rows = []
 for m in SWEEP_MS:
     row = [m, batch // m]
@@ -540,10 +541,9 @@ def sweep_picture(path, rows):
                      'stroke="black"/>')
         parts += [f'<text x="{shift + x(i) - 4}" y="{height + 46}">{row[0]}</text>' for i, row in enumerate(rows)]
         parts.append(f'<text x="{shift + 4}" y="{height + 34}">0</text><text x="{shift + 4}" y="34">{scale:.3g}</text>')
+        lines = ((0, ""),) if panel == 0 else ((0, ""), (1, ' stroke-dasharray="4 3"'))  # the bubble's theory dashed
         for series, (name, _) in enumerate(SWEEP_RUNS):
-            for offset, dash in ((0, ""), (1, ' stroke-dasharray="4 3"')):
-                if panel == 0 and offset:
-                    continue
+            for offset, dash in lines:
                 values = [float(row[column + offset + 4 * series]) for row in rows]
                 points = " ".join(f"{shift + x(i):.1f},{30 + height * (1 - value / scale):.1f}"
                                   for i, value in enumerate(values))
@@ -578,13 +578,12 @@ for index, (name, *_) in enumerate(BUYS_RUNS):
     over = [[round_[index]["step_ms_median"] / round_[base]["step_ms_median"] for round_ in buys] for base in (0, 1)]
     buys_rows.append([name, f"{median(steps):.1f}", f"{median(over[0]):.2f}", f"{median(over[1]):.2f}"])
 buys_header = ["the default model and batch", "step (ms)", "over one thread", "over one process on the same cores"]
-speed_m = SPEED.split()[SPEED.split().index("--micro-batches") + 1]
 marked_tables["buys"] = table(buys_header, buys_rows)
 out.append(f"""## What a pipeline buys
 
 The baseline in one process, on one thread and on two (the cores two ranks of one thread use), beside 03 and 06
-on those two cores (m = {speed_m}), in {SWEEP_ROUNDS} rounds, each row once a round in this order; the ratios are
-medians over the rounds of a row's step over that round's baseline.
+on those two cores (m = {speed_flags['--micro-batches']}), in {SWEEP_ROUNDS} rounds, each row once a round in this
+order; the ratios are medians over the rounds of a row's step over that round's baseline.
 
 {ran()}
 
