@@ -33,7 +33,7 @@ from common import (
     wait_for_sends,
 )
 from harness import dump, log_step, pace_share, parse_args, record, report, timed_step, track
-from theory import bubbles, peak_inflight, steps
+from theory import bubbles, peak_inflight, replay, steps
 
 args = parse_args(__doc__, micro_batches=True, schedules=schedules)
 rank, num_ranks, device = setup(args, placement=args.placement)  # "loop" or "v", as the schedule places its chunks
@@ -126,7 +126,8 @@ def train_step(inputs, labels):
     # A tensor is sent and received in one group, by both ranks, the moment it is made when every computation
     # takes one unit: all ranks post in the same order of time, so under NCCL's rules none waits for a later group.
     # An overlapped F&B step's two results are made at its end: they go in one group.
-    moments = timetable(tables, rank, shapes)
+    spans = replay(tables, stage_of, num_ranks * num_chunks)  # each computation's, at one unit an F, I or W (a B two)
+    moments = timetable(tables, rank, shapes, spans)
     sent = {computation for moment in moments for computation in moment.sends}  # those whose result travels
     results, waiting = {}, {}  # (kind, chunk, micro_batch) -> its result, held until sent; Recv -> its group
     for moment in moments:

@@ -271,7 +271,28 @@ def named(tag, sending):
     return micro_batch, chunk, bool(is_gradient)
 
 
-# ----------------------------------------------------------------------------- a schedule as a table (06)
+# ----------------------------------------------------------------------------- when a tensor travels (06, 09)
+
+
+def unit_spans(schedules):
+    """When each computation of every rank's schedule of (kind, chunk, micro_batch) starts and its result is out,
+    at one unit each (F, I and W: 06): once its rank's previous one is done and its input is made, a forward's by
+    the previous stage, an I's by the next (a W's and the last stage's I's by its own rank, earlier). Returns
+    {(kind, stage, micro_batch): (start, end)}, theory.replay's at these costs; PyTorch's runtime simulates too."""
+    spans, done = {}, [0] * len(schedules)  # each rank's count of computations placed
+    for time in range(sum(map(len, schedules))):  # one placed a unit at least, if the schedules can run at all
+        for rank, schedule in enumerate(schedules):
+            if done[rank] == len(schedule):
+                continue
+            kind, chunk, i = schedule[done[rank]]
+            stage = stage_of(rank, chunk)
+            source = {"forward": stage - 1, "backward": stage + 1}.get(kind, -1)  # the stage that makes its input
+            if 0 <= source < _num_ranks * _num_chunks and spans.get((kind, source, i), (time, time + 1))[1] > time:
+                continue  # its input is not made yet
+            spans[kind, stage, i] = time, time + 1
+            done[rank] += 1
+    assert done == list(map(len, schedules)), "the schedules cannot run: a computation waits for an input never made"
+    return spans
 
 
 # What a rank does at one moment of a replayed schedule, in this order: it sends the results made now that go to
@@ -281,12 +302,13 @@ def named(tag, sending):
 Moment = collections.namedtuple("Moment", "sends recvs computation releases")
 
 
-def timetable(schedules, rank, shapes):
-    """Rank's moments, in time order, at one unit a computation (replay; a full backward two): each tensor is sent and
-    received the moment it is made, and let go of by its sender when its receiver uses it. schedules: every
-    rank's (kind, chunk, micro_batch) in order, its chunks placed as setup placed them; shapes: each micro-batch's."""
+def timetable(schedules, rank, shapes, spans=None):
+    """Rank's moments, in time order: each tensor is sent and received the moment it is made, and let go of by its
+    sender when its receiver uses it. schedules: every rank's (kind, chunk, micro_batch) in order, its chunks placed
+    as setup placed them; shapes: each micro-batch's; spans: when each computation starts and its result is out,
+    {(kind, stage, micro_batch): (start, end)}, by default unit_spans's (09: theory.replay's)."""
+    spans = spans or unit_spans(schedules)
     num_stages = 1 + max(stage_of(other, chunk) for other, schedule in enumerate(schedules) for _, chunk, _ in schedule)
-    spans = theory.replay(schedules, stage_of, num_stages)  # (start, when its result is out) of each computation
     moments = {}
     moment = lambda time: moments.setdefault(time, Moment([], [], None, []))  # noqa: E731
     for other, schedule in enumerate(schedules):

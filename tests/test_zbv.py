@@ -5,6 +5,7 @@ and held-bytes theory, the bubble under pacing against 05's, and bad input in on
 import pytest
 from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
 
+import common
 import schedules
 from tests.launch import (
     MEMORY,
@@ -18,7 +19,7 @@ from tests.launch import (
     size,
     torch_order,
 )
-from theory import zbv_inflight
+from theory import replay, zbv_inflight
 from tools.held import held_count
 
 SCRIPT = "06_zbv.py"
@@ -106,3 +107,28 @@ def test_paced_bubble_is_the_theory_and_below_05s(runs, again, world):
 def test_bad_input(tmp_path, ranks, flags, words):
     error = assert_refused(tmp_path, SCRIPT, ranks, *flags, words=words)
     assert "virtual-stages" not in error or ranks == 1
+
+
+@pytest.mark.parametrize("name,placement,num_chunks", [("zbv", "v", 2), ("zb-h1", "loop", 1),
+                                                       ("interleaved-zero-bubble", "loop", 2)])
+def test_unit_spans_are_the_replay(monkeypatch, name, placement, num_chunks):
+    """06 places its sends and receives by common.unit_spans, a short simulation at one unit an F, I or W: it must
+    give every computation the start and end that theory.replay (09's, the theory's) gives at those costs, or 06
+    would post in another order than the one its theory and its NCCL safety argument replay."""
+    for num_ranks in range(1, 6):
+        monkeypatch.setattr(common, "_num_ranks", num_ranks)
+        monkeypatch.setattr(common, "_num_chunks", num_chunks)
+        monkeypatch.setattr(common, "_placement", placement)
+        for micro_batches in range(1, 3 * num_ranks + 2):
+            tables = schedules.table(name, num_ranks, micro_batches, num_chunks)
+            assert common.unit_spans(tables) == replay(tables, common.stage_of, num_ranks * num_chunks), \
+                (num_ranks, micro_batches)
+
+
+def test_unit_spans_refuse_a_schedule_that_cannot_run(monkeypatch):
+    monkeypatch.setattr(common, "_num_ranks", 2)
+    monkeypatch.setattr(common, "_num_chunks", 1)
+    monkeypatch.setattr(common, "_placement", "loop")
+    stuck = [[("backward", 0, 0), ("forward", 0, 0)], [("forward", 0, 0), ("backward", 0, 0)]]  # I before its input
+    with pytest.raises(AssertionError, match="cannot run"):
+        common.unit_spans(stuck)
