@@ -10,8 +10,8 @@ Every pipelined script must reproduce this script's gradients and losses.
 import torch
 import torch.nn.functional as F
 
-from common import build_stage, get_batch, setup
-from harness import dump, log_step, parse_args, record, report, timed_step
+from common import build_stage, finish, get_batch, parse_args, setup
+from harness import dump, log_step, record, report, timed_step
 
 args = parse_args(__doc__, one_process=True)
 rank, world_size, device = setup(args)
@@ -48,3 +48,4 @@ for step in range(args.steps):
     log_step(step, loss)
 dump(args.dump_params, dict(model.named_parameters()))
 report(args, [model], expected_inflight=lambda rank: 1, bubble_theory=0.0)
+finish()

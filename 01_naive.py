@@ -16,7 +16,9 @@ import torch.nn.functional as F
 
 from common import (
     build_stage,
+    finish,
     get_batch,
+    parse_args,
     recv_backward,
     recv_forward,
     send_backward,
@@ -24,7 +26,7 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, parse_args, record, report, timed_step
+from harness import dump, log_step, record, report, timed_step
 from theory import naive_bubble
 
 args = parse_args(__doc__)
@@ -93,3 +95,4 @@ for step in range(args.steps):
     log_step(step, loss)
 dump(args.dump_params, dict(stage.named_parameters()))
 report(args, [stage], expected_inflight=lambda rank: 1, bubble_theory=naive_bubble(num_stages))
+finish()

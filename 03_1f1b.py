@@ -17,7 +17,9 @@ import torch.nn.functional as F
 
 from common import (
     build_stage,
+    finish,
     get_batch,
+    parse_args,
     recv_backward,
     recv_forward,
     send_backward,
@@ -27,10 +29,10 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, parse_args, record, report, timed_step
+from harness import dump, log_step, record, report, timed_step
 from theory import gpipe_bubble, one_f_one_b_inflight
 
-args = parse_args(__doc__, micro_batches=True, schedule="1f1b")
+args = parse_args(__doc__, "micro_batches", schedule="1f1b")
 rank, num_stages, device = setup(args)
 stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr, fused=True)
@@ -119,3 +121,4 @@ for step in range(args.steps):
 dump(args.dump_params, dict(stage.named_parameters()))
 report(args, [stage], expected_inflight=lambda rank: one_f_one_b_inflight(num_stages, args.micro_batches, rank),
        bubble_theory=gpipe_bubble(num_stages, args.micro_batches))
+finish()

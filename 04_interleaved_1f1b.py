@@ -14,21 +14,12 @@ Micro-batches go in groups of n through chunk 0, then chunk 1 (f2: micro-batch 2
 import torch
 import torch.nn.functional as F
 
-from common import (
-    Recv,
-    Send,
-    build_stage,
-    get_batch,
-    post,
-    setup,
-    stage_of,
-    wait_for_sends,
-)
-from harness import dump, log_step, parse_args, record, report, timed_step
+from common import Recv, Send, build_stage, finish, get_batch, parse_args, post, setup, stage_of, wait_for_sends
+from harness import dump, log_step, record, report, timed_step
 from schedules import interleaved_1f1b
 from theory import UNIT_SPANS, busiest_bubble, peak_inflight
 
-args = parse_args(__doc__, micro_batches=True, virtual_stages=True, schedule="interleaved-1f1b")
+args = parse_args(__doc__, "micro_batches", "virtual_stages", schedule="interleaved-1f1b")
 rank, num_stages, device = setup(args)
 num_chunks = args.virtual_stages
 # this rank's layers only: chunk c is stage c * n + rank of the n * v
@@ -154,3 +145,4 @@ dump(args.dump_params, {name: param for stage in stages for name, param in stage
 tables = interleaved_1f1b(num_stages, args.micro_batches, num_chunks)  # this order as a table: the theory's count
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
        bubble_theory=busiest_bubble(tables, stage_of, num_stages * num_chunks, cost=UNIT_SPANS))
+finish()

@@ -21,7 +21,9 @@ from common import (
     Recv,
     Send,
     build_stage,
+    finish,
     get_batch,
+    parse_args,
     post,
     recv_backward,
     recv_forward,
@@ -31,10 +33,10 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, parse_args, record, report, timed_step, track
+from harness import dump, log_step, record, report, timed_step, track
 from theory import zb_h1_bubble, zb_h1_inflight
 
-args = parse_args(__doc__, micro_batches=True, schedule="zb-h1")
+args = parse_args(__doc__, "micro_batches", schedule="zb-h1")
 rank, num_stages, device = setup(args)
 stage = build_stage(args, rank, num_stages, device)  # this rank's layers only
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr, fused=True)
@@ -169,3 +171,4 @@ for step in range(args.steps):
 dump(args.dump_params, dict(stage.named_parameters()))
 report(args, [stage], expected_inflight=lambda rank: zb_h1_inflight(num_stages, args.micro_batches),
        bubble_theory=zb_h1_bubble(num_stages, args.micro_batches))  # equal F, I, W; see the README
+finish()

@@ -18,17 +18,19 @@ from common import (
     Recv,
     Send,
     build_stage,
+    finish,
     get_batch,
+    parse_args,
     post,
     release,
     setup,
     timetable,
     wait_for_sends,
 )
-from harness import dump, log_step, parse_args, record, report, timed_step, track
+from harness import dump, log_step, record, report, timed_step, track
 from theory import zbv_bubble, zbv_inflight
 
-args = parse_args(__doc__, micro_batches=True, v_shape=True, schedule="zbv")
+args = parse_args(__doc__, "micro_batches", virtual_stages=2, schedule="zbv")  # the V: two chunks a rank
 rank, num_ranks, device = setup(args, placement="v")
 # this rank's layers only: chunk 0 is stage rank, chunk 1 stage 2n - 1 - rank, the V's two arms
 stages = [build_stage(args, stage, 2 * num_ranks, device) for stage in (rank, 2 * num_ranks - 1 - rank)]
@@ -160,3 +162,4 @@ for step in range(args.steps):
 dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
 report(args, stages, expected_inflight=lambda rank: zbv_inflight(num_ranks, args.micro_batches, rank),
        bubble_theory=zbv_bubble(num_ranks, args.micro_batches))  # equal F, I, W; see the README
+finish()

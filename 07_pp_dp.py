@@ -25,7 +25,9 @@ import torch.nn.functional as F
 from common import (
     build_stage,
     device_mesh,
+    finish,
     get_batch,
+    parse_args,
     recv_backward,
     recv_forward,
     send_backward,
@@ -35,10 +37,10 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, parse_args, record, report, started, timed_step
+from harness import dump, log_step, record, report, started, timed_step
 from theory import gpipe_bubble, one_f_one_b_inflight
 
-args = parse_args(__doc__, micro_batches=True, data_parallel=True, schedule="1f1b")
+args = parse_args(__doc__, "micro_batches", "data_parallel", schedule="1f1b")
 rank, num_stages, device = setup(args, data_parallel=True)  # within this rank's pipeline: its stage, the stage count
 mesh = device_mesh()  # mesh["pp"]: this rank's pipeline; mesh["dp"]: the copies of its stage, one in each pipeline
 copy, num_copies = mesh.get_local_rank("dp"), mesh.size(0)  # which pipeline this rank is in, of how many
@@ -145,3 +147,4 @@ dump(args.dump_params, dict(stage.named_parameters()))
 report(args, [stage],
        expected_inflight=lambda rank: one_f_one_b_inflight(num_stages, args.micro_batches, rank % num_stages),
        bubble_theory=gpipe_bubble(num_stages, args.micro_batches))
+finish()

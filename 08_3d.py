@@ -26,7 +26,9 @@ import torch.nn.functional as F
 from common import (
     build_stage,
     device_mesh,
+    finish,
     get_batch,
+    parse_args,
     recv_backward,
     recv_forward,
     send_backward,
@@ -36,10 +38,10 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, parse_args, record, report, started, timed_step
+from harness import dump, log_step, record, report, started, timed_step
 from theory import gpipe_bubble, one_f_one_b_inflight
 
-args = parse_args(__doc__, micro_batches=True, data_parallel=True, tensor_parallel=True, schedule="1f1b")
+args = parse_args(__doc__, "micro_batches", "data_parallel", "tensor_parallel", schedule="1f1b")
 rank, num_stages, device = setup(args, data_parallel=True, tensor_parallel=True)  # its stage, the stage count
 mesh = device_mesh()  # mesh["pp"]: this rank's pipeline; mesh["dp"]: its stage's copies; mesh["tp"]: its shards
 copy, num_copies = mesh.get_local_rank("dp"), mesh.size(0)  # which pipeline this rank is in, of how many
@@ -246,3 +248,4 @@ dump(args.dump_params, whole(lambda param: param))
 report(args, [stage], expected_inflight=lambda rank: one_f_one_b_inflight(num_stages, args.micro_batches,
                                                                          rank // num_shards % num_stages),
        bubble_theory=gpipe_bubble(num_stages, args.micro_batches), expected_parameter_bytes=parameter_bytes)
+finish()

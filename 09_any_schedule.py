@@ -16,6 +16,8 @@ the two were hidden in each other (down to the longer part's share). n = 2, m = 
     rank 1     F0 f0 F1 f1 F2 b0   [f2 B0]  [F3 b1]  [f3 B1]  [F4 b2]  [f4 B2]   b3    B3       i4 I4 w4 W4
 """
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -24,7 +26,9 @@ from common import (
     Recv,
     Send,
     build_stage,
+    finish,
     get_batch,
+    parse_args,
     post,
     release,
     setup,
@@ -32,13 +36,16 @@ from common import (
     timetable,
     wait_for_sends,
 )
-from harness import dump, log_step, pace_share, parse_args, record, report, timed_step, track
+from harness import dump, log_step, pace_share, record, report, timed_step, track
 from theory import bubbles, peak_inflight, replay, steps
 
-args = parse_args(__doc__, micro_batches=True, schedules=schedules)
-rank, num_ranks, device = setup(args, placement=args.placement)  # "loop" or "v", as the schedule places its chunks
-num_chunks = args.virtual_stages  # 2 on the V; on the loop, 1 or --virtual-stages; a file's own
-tables = schedules.load(args.schedule, num_ranks, args.micro_batches, num_chunks).tables  # as parse_args checked it
+args = parse_args(__doc__, "micro_batches", "virtual_stages", "schedule", virtual_stages=None)  # None: the table's own
+# the table, as parse_args checked it, for torchrun's count of ranks
+schedule = schedules.load(args.schedule, int(os.environ.get("WORLD_SIZE", 1)), args.micro_batches, args.virtual_stages)
+args.virtual_stages = schedule.num_chunks  # 2 on the V; on the loop, 1 or --virtual-stages; a file's own
+rank, num_ranks, device = setup(args, placement=schedule.placement)  # "loop" or "v", as the table places its chunks
+num_chunks = args.virtual_stages
+tables = schedule.tables
 overlapped = {computation for step in steps(tables[rank]) if len(step) == 2 for computation in step}  # F&B steps
 # this rank's layers only: chunk c is stage c n + rank ("loop"), or rank and 2n - 1 - rank ("v")
 stages = [build_stage(args, stage_of(rank, chunk), num_ranks * num_chunks, device) for chunk in range(num_chunks)]
@@ -165,3 +172,4 @@ dump(args.dump_params, {name: param for stage in stages for name, param in stage
 # backward two, on a stage of average cost)
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
        bubble_theory=lambda spans: bubbles(tables, stage_of, num_ranks * num_chunks, spans, overlap=args.overlap))
+finish()

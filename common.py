@@ -1,11 +1,13 @@
-"""What the lesson needs: start-up, the MLP and its partitioner, the data, point-to-point helpers named by
-direction, and (06) the moments to send and receive. The schedules live in the numbered scripts; measuring and
-checking live in harness/, which a reader can skip."""
+"""What the lesson needs: its flags, start-up and a clean exit, the MLP and its partitioner, the data, point-to-point
+helpers named by direction, and (06) the moments to send and receive. The schedules live in the numbered scripts;
+measuring and checking live in harness/, which a reader can skip."""
 
+import argparse
 import collections
 import datetime
 import math
 import os
+import sys
 import zlib
 
 import torch
@@ -20,6 +22,29 @@ _rank, _num_ranks, _num_chunks, _device, _dtype, _placement = 0, 1, 1, torch.dev
 # 07: the world as pipelines side by side, named axes "dp" (which pipeline) and "pp" (which stage), and in 08
 # "tp" (which shard of the stage); the group the helpers send and receive in, this rank's pipeline (else the world)
 _mesh, _group = None, None
+# The flags the lesson reads, at their defaults: every script takes those of EVERY_SCRIPT and those of the rest it
+# names. harness/flags.py says what each one means, and adds the harness's own (measuring, checking).
+FLAGS = dict(layers=16, hidden=1024, classes=10, batch_size=256, steps=20, lr=1e-4, seed=0, dtype="float32",
+             timeout=60.0, recompute=False, micro_batches=8, virtual_stages=2, data_parallel=1, tensor_parallel=1,
+             schedule="1f1b")
+EVERY_SCRIPT = ("layers", "hidden", "classes", "batch_size", "steps", "lr", "seed", "dtype", "timeout", "recompute")
+
+
+def parse_args(doc, *flags, **values):
+    """The run's flags, --name for each name (--batch-size for batch_size): every script's, these `flags` of the
+    others, and the harness's. `values` replace defaults; a script without a flag runs at one micro-batch, one chunk
+    a rank, one pipeline and whole stages, and its values' (its schedule's name, 06's two chunks)."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.set_defaults(micro_batches=1, virtual_stages=1, data_parallel=1, tensor_parallel=1, schedule="gpipe")
+    parser.set_defaults(**values)
+    for name in EVERY_SCRIPT + flags:
+        default = values.get(name, FLAGS[name])
+        taking = dict(action="store_true") if default is False else dict(type=type(FLAGS[name]), default=default)
+        parser.add_argument("--" + name.replace("_", "-"), **taking)
+    harness.add_flags(parser)  # the harness's own flags, what each flag means, and a mistake as one sentence
+    args = parser.parse_args()
+    harness.check_args(args)
+    return args
 
 
 def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
@@ -61,6 +86,16 @@ def _build_mesh(args, tensor_parallel, timeout):
     _mesh = init_device_mesh(_device.type, tuple(sizes.values()), mesh_dim_names=tuple(sizes),
                              backend_override=dict.fromkeys(sizes, options))
     _group, _rank, _num_ranks = _mesh.get_group("pp"), _mesh.get_local_rank("pp"), _mesh.size(1)
+
+
+def finish():
+    """Leave once every rank is done, skipping the interpreter's teardown: gloo's threads can outlive the process
+    group, and one that drops a tensor during teardown aborts the process (exit 0, not "terminate called ...")."""
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def device_mesh():

@@ -2,9 +2,9 @@
 at each call site: `with record("forward", i):`, `with timed_step(step):`, `log_step(step, loss)`,
 `report(args, stages, expected_inflight)`.
 
-flags.py     the flags every script takes, their checks, and ending a run with one sentence
+flags.py     what each flag means, the harness's own flags, their checks, and ending a run with one sentence
 startup.py   cores and threads, errors as sentences, the same flags and one clock on every rank, a message's
-             latency; finish, dump
+             latency; dump
 meters.py    what each rank measures as it runs: bytes held, spans, step times, when sends and receives are posted
 guarantees.py the rules around torch's sends and receives: held bytes, NCCL's rules under --sync-sends, a failed
              wait as one sentence
@@ -15,11 +15,11 @@ pictures.py  the last step as text and as an SVG, and every span as a Chrome tra
 layout.py    once the pipeline is known: each stage's blocks as --partition says, --pace's spans by their cost
 """
 
-from harness.flags import PipelineError, fail, gave_up, parse_args
+from harness.flags import PipelineError, add_flags, check_args, fail, gave_up
 from harness.layout import plan_stages
 from harness.meters import log_step, pace_share, record, started, timed_step, track
-from harness.startup import after_setup, before_setup, dump, finish
+from harness.startup import after_setup, before_setup, dump
 from harness.summary import report
 
-__all__ = ["PipelineError", "after_setup", "before_setup", "dump", "fail", "finish", "gave_up", "log_step",
-           "pace_share", "parse_args", "plan_stages", "record", "report", "started", "timed_step", "track"]
+__all__ = ["PipelineError", "add_flags", "after_setup", "before_setup", "check_args", "dump", "fail", "gave_up",
+           "log_step", "pace_share", "plan_stages", "record", "report", "started", "timed_step", "track"]

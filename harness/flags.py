@@ -8,6 +8,7 @@ import time
 import torch
 import torch.distributed as dist
 
+import schedules
 import theory
 
 
@@ -65,7 +66,7 @@ FLAGS = {
 }
 
 
-def add_flags(parser, *flags, **help_fields):
+def declare(parser, *flags, **help_fields):
     """Add these flags of FLAGS to parser; help_fields fill in the names their help mentions."""
     for flag in flags:
         keywords = dict(FLAGS[flag])
@@ -73,75 +74,91 @@ def add_flags(parser, *flags, **help_fields):
         parser.add_argument(flag, **keywords)
 
 
-def model_flags(doc, micro_batches=False, v_shape=False):
-    """The flags of the model, the data, the training and the processes, which every script and
-    tools/torch_schedules.py take. v_shape (06): two model chunks per rank, placed as a V."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.error = lambda message: fail(f"{message} (see --help)")  # one sentence, not argparse's usage
-    # what a script runs with where it takes no such flag (a flag's own default wins where it takes one)
-    parser.set_defaults(micro_batches=1, virtual_stages=2 if v_shape else 1, data_parallel=1, tensor_parallel=1,
-                        sync_sends=False, partition="even")
-    add_flags(parser, "--layers", "--hidden", "--classes")
-    parser.add_argument("--batch-size", type=int, default=256, help="samples per optimizer step")
-    if micro_batches:
-        add_flags(parser, "--micro-batches")
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
-    parser.add_argument("--lr", type=float, default=1e-4,
-                        help="Adam learning rate (1e-4: the default MLP's loss falls from the first step; at 5e-4 "
-                             "Adam's first steps overshoot and it jumps before it falls)")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+# What the lesson's other flags mean (common.FLAGS; those above say it there)
+HELPS = {
+    "--batch-size": "samples per optimizer step",
+    "--steps": "optimizer steps",
+    "--lr": "Adam learning rate (1e-4: the default MLP's loss falls from the first step; at 5e-4 Adam's first steps "
+            "overshoot and it jumps before it falls)",
+    "--seed": "seeds the weights and the data",
+    "--dtype": "the parameters' and activations' type (float64: the tests' exact comparisons)",
+    "--timeout": "seconds a rank waits on another, then gives up",
+    "--recompute": "keep only each stage's input from F to B; B reruns F",
+    "--data-parallel": "pipelines side by side, world / D stages each, their gradients summed",
+    "--tensor-parallel": "shards a stage, cut by width",
+}
+METAVARS = {"--data-parallel": "D", "--tensor-parallel": "T"}
+CHOICES = {"--dtype": ("float32", "float64")}
+_taken = {}  # the script's flags, dest -> its argparse action, as add_flags found them
+
+
+def add_flags(parser):
+    """The harness's part of a script's parser (common.parse_args), before it parses: what each of the lesson's flags
+    means, the harness's own flags, and a mistake as one sentence, not argparse's usage."""
+    parser.description = parser.description.split("\n\n")[0]
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.error = lambda message: fail(f"{message} (see --help)")
+    for action in parser._actions[1:]:  # the lesson's, after -h
+        flag = action.option_strings[0]
+        _taken[action.dest] = action
+        keywords = FLAGS.get(flag, dict(help=HELPS.get(flag), metavar=METAVARS.get(flag)))
+        action.help = keywords["help"].format(schedules=", ".join(schedules.SCHEDULES))
+        action.metavar, action.choices = keywords.get("metavar", action.metavar), CHOICES.get(flag)
     cores_per_rank = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     parser.add_argument("--threads", type=int, default=cores_per_rank,
                         help="torch threads per rank (default: cores / ranks on this host)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits on another, then gives up")
-    return parser
-
-
-def parse_args(doc, micro_batches=False, one_process=False, virtual_stages=False, data_parallel=False, v_shape=False,
-               tensor_parallel=False, schedules=None, schedule=None):
-    """The flags every script takes; each mistake ends the run with one sentence. v_shape (06): two model
-    chunks per rank, placed as a V, and no --virtual-stages flag. schedules (09): the module whose tables
-    --schedule names (SCHEDULES) or reads from a file (load), which checks that the layout can run them.
-    schedule: the name of the table the script runs (schedules.SCHEDULES), which --partition balanced replays."""
-    parser = model_flags(doc, micro_batches, v_shape)
-    if schedule:
-        parser.set_defaults(schedule=schedule)
-    if schedules:
-        add_flags(parser, "--schedule", "--virtual-stages", "--overlap", schedules=", ".join(schedules.SCHEDULES))
-        parser.set_defaults(virtual_stages=None)  # the table's own chunks unless given
-    if virtual_stages:
-        add_flags(parser, "--virtual-stages")
-    if data_parallel:
-        parser.add_argument("--data-parallel", type=int, default=1, metavar="D",
-                            help="pipelines side by side, world / D stages each, their gradients summed")
-    if tensor_parallel:
-        parser.add_argument("--tensor-parallel", type=int, default=1, metavar="T", help="shards a stage, cut by width")
-    if not one_process:
-        add_flags(parser, "--partition")
+    parser.set_defaults(sync_sends=False, partition="even", one_process=False)
+    if not parser.get_default("one_process"):
+        declare(parser, "--partition")
         parser.add_argument("--sync-sends", action="store_true",
                             help="NCCL's rules on gloo: a rank's groups run in turn, each done once its sends are "
                                  "received, and tags are ignored")
+    if "schedule" in _taken:  # 09
+        declare(parser, "--overlap")
     parser.add_argument("--pace", type=float, default=0.0, metavar="MS",
                         help="pad every forward, backward and weight-gradient span by sleeping, to MS milliseconds "
                              "times its stage's counted cost over the mean stage's, so the timeline shows the "
                              "schedule alone")
-    parser.add_argument("--recompute", action="store_true", help="keep only each stage's input from F to B; B reruns F")
-    add_flags(parser, "--json")
+    declare(parser, "--json")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (Perfetto, chrome://tracing) of the run")
-    add_flags(parser, "--svg")
-    add_flags(parser, "--dump-grads")
+    declare(parser, "--svg")
+    declare(parser, "--dump-grads")
     parser.add_argument("--dump-params", metavar="DIR", help="write each rank's parameters after the last step (08: "
                         "shard 0 of a stage its whole tensors, the other shards empty files)")
     parser.add_argument("--no-instrument", action="store_true", help="skip the timing and memory hooks (their cost)")
     parser.add_argument("--overhead", action="store_true",
                         help="instrument the even steps only, and compare their time with the odd steps'")
-    args = parser.parse_args()
-    if schedules:
+
+
+def check_args(args):
+    """Each mistake in the flags, or in how the run was started, ends it with one sentence (common.parse_args, once
+    parsed). 09 (--schedule): the table must suit the layout; sets args.placement and its chunks."""
+    if "schedule" in _taken:
         _check_schedule(args, schedules)
-    _check(args, one_process, virtual_stages)
-    return args
+    _check(args, args.one_process, "virtual_stages" in _taken and "schedule" not in _taken)
+
+
+def model_flags(doc, micro_batches=False):
+    """The flags of the model, the data and the training that every script takes (common.FLAGS), and --threads:
+    tools/torch_schedules.py's, which runs PyTorch's runtime on the lesson's model."""
+    import common  # the lesson's, which imports the harness: here, once both are loaded
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.error = lambda message: fail(f"{message} (see --help)")  # one sentence, not argparse's usage
+    parser.set_defaults(micro_batches=1, virtual_stages=1, data_parallel=1, tensor_parallel=1, sync_sends=False,
+                        partition="even")
+    for name in common.EVERY_SCRIPT + ("micro_batches",) * micro_batches:
+        flag, default = "--" + name.replace("_", "-"), common.FLAGS[name]
+        if flag in FLAGS:
+            declare(parser, flag)
+        elif default is False:
+            parser.add_argument(flag, action="store_true", help=HELPS[flag])
+        else:
+            parser.add_argument(flag, type=type(default), default=default, help=HELPS[flag], choices=CHOICES.get(flag))
+    cores_per_rank = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    parser.add_argument("--threads", type=int, default=cores_per_rank,
+                        help="torch threads per rank (default: cores / ranks on this host)")
+    return parser
 
 
 def _check_schedule(args, schedules):

@@ -122,18 +122,6 @@ def _excepthook(kind, error, traceback):
     _torch_excepthook(kind, error, traceback)
 
 
-def finish():
-    """Leave once every rank is done, skipping the interpreter's teardown: gloo's worker threads can outlive
-    destroy_process_group (torch._dynamo, which the first optimizer step imports, keeps the group), and one
-    that drops a finished collective's tensors during teardown cannot take the GIL and aborts the process
-    ("terminate called without an active exception")."""
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def dump(directory, tensors):
     """Write {name: tensor} to directory/rank{R}.pt (nothing without the flag)."""
     if directory:

@@ -16,7 +16,6 @@ import torch.distributed as dist
 import theory
 from harness import pictures
 from harness.meters import COMPUTE, TP, recorder
-from harness.startup import finish
 
 # One rank's records (see meters.py), its model chunks' (first, last) layers, its peak activation and
 # held bytes, torch.cuda.max_memory_allocated (-1 on the CPU), its computations longer than --pace, its parameter bytes.
@@ -26,8 +25,8 @@ Stretch = namedtuple("Stretch", "part start end")  # a stretch of a rank's time 
 
 
 def report(args, stages, expected_inflight, bubble_theory=None, expected_parameter_bytes=None):
-    """Gather every rank's measurements on rank 0, print the timeline, the table and the JSON line, and end
-    the run. stages: this rank's model chunks (their .layers). expected_inflight(rank): the micro-batches (or
+    """Gather every rank's measurements on rank 0, and print the timeline, the table and the JSON line (the script
+    ends the run: common.finish). stages: this rank's model chunks (their .layers). expected_inflight(rank): the micro-batches (or
     micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the schedule's with every
     span equally long, which holds where the stages cost the same, else its order is replayed at the paced spans
     (theory.paced_spans); or a function of those spans giving each rank's (09: its table's replay, a full
@@ -69,7 +68,6 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
             pictures.write_svg(args.svg, spans, len(stages), summary)
         if args.json:
             print(json.dumps(summary), flush=True)
-    finish()
 
 
 def _summarize(args, ranks, timed, measured):
