@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from common import build_stage, finish, get_batch, parse_args, setup
-from harness import dump, log_step, record, report, timed_step
+from harness import log_step, record, report, timed_step
 
 args = parse_args(__doc__, one_process=True)
 rank, world_size, device = setup(args)
@@ -42,10 +42,7 @@ for step in range(args.steps):
     with timed_step(step):
         optimizer.zero_grad()
         loss = train_step(inputs, labels)
-        if step == 0:
-            dump(args.dump_grads, {name: param.grad for name, param in model.named_parameters()})
         optimizer.step()
     log_step(step, loss)
-dump(args.dump_params, dict(model.named_parameters()))
 report(args, [model], expected_inflight=lambda rank: 1, bubble_theory=0.0)
 finish()

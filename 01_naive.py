@@ -26,7 +26,7 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, record, report, timed_step
+from harness import log_step, record, report, timed_step
 from theory import naive_bubble
 
 args = parse_args(__doc__)
@@ -89,10 +89,7 @@ for step in range(args.steps):
     with timed_step(step):
         optimizer.zero_grad()
         loss = train_step(inputs, labels)
-        if step == 0:
-            dump(args.dump_grads, {name: param.grad for name, param in stage.named_parameters()})
         optimizer.step()
     log_step(step, loss)
-dump(args.dump_params, dict(stage.named_parameters()))
 report(args, [stage], expected_inflight=lambda rank: 1, bubble_theory=naive_bubble(num_stages))
 finish()

@@ -27,7 +27,7 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, record, report, timed_step
+from harness import log_step, record, report, timed_step
 from theory import gpipe_bubble
 
 args = parse_args(__doc__, "micro_batches", schedule="gpipe")
@@ -92,11 +92,8 @@ for step in range(args.steps):
     with timed_step(step):
         optimizer.zero_grad()
         loss = train_step(inputs, labels)
-        if step == 0:
-            dump(args.dump_grads, {name: param.grad for name, param in stage.named_parameters()})
         optimizer.step()
     log_step(step, loss)
-dump(args.dump_params, dict(stage.named_parameters()))
 report(args, [stage], expected_inflight=lambda rank: args.micro_batches,
        bubble_theory=gpipe_bubble(num_stages, args.micro_batches))
 finish()

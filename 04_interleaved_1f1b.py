@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from common import Recv, Send, build_stage, finish, get_batch, parse_args, post, setup, stage_of, wait_for_sends
-from harness import dump, log_step, record, report, timed_step
+from harness import log_step, record, report, timed_step
 from schedules import interleaved_1f1b
 from theory import UNIT_SPANS, busiest_bubble, peak_inflight
 
@@ -137,11 +137,8 @@ for step in range(args.steps):
     with timed_step(step):
         optimizer.zero_grad()
         loss = train_step(inputs, labels)
-        if step == 0:
-            dump(args.dump_grads, {name: param.grad for stage in stages for name, param in stage.named_parameters()})
         optimizer.step()
     log_step(step, loss)
-dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
 tables = interleaved_1f1b(num_stages, args.micro_batches, num_chunks)  # this order as a table: the theory's count
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],
        bubble_theory=busiest_bubble(tables, stage_of, num_stages * num_chunks, cost=UNIT_SPANS))

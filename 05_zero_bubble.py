@@ -33,7 +33,7 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, record, report, timed_step, track
+from harness import log_step, record, report, timed_step, track
 from theory import zb_h1_bubble, zb_h1_inflight
 
 args = parse_args(__doc__, "micro_batches", schedule="zb-h1")
@@ -164,11 +164,8 @@ for step in range(args.steps):
     with timed_step(step):
         optimizer.zero_grad()
         loss = train_step(inputs, labels)
-        if step == 0:
-            dump(args.dump_grads, {name: param.grad for name, param in stage.named_parameters()})
         optimizer.step()
     log_step(step, loss)
-dump(args.dump_params, dict(stage.named_parameters()))
 report(args, [stage], expected_inflight=lambda rank: zb_h1_inflight(num_stages, args.micro_batches),
        bubble_theory=zb_h1_bubble(num_stages, args.micro_batches))  # equal F, I, W; see the README
 finish()

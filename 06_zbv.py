@@ -27,7 +27,7 @@ from common import (
     timetable,
     wait_for_sends,
 )
-from harness import dump, log_step, record, report, timed_step, track
+from harness import log_step, record, report, timed_step, track
 from theory import zbv_bubble, zbv_inflight
 
 args = parse_args(__doc__, "micro_batches", virtual_stages=2, schedule="zbv")  # the V: two chunks a rank
@@ -155,11 +155,8 @@ for step in range(args.steps):
     with timed_step(step):
         optimizer.zero_grad()
         loss = train_step(inputs, labels)
-        if step == 0:
-            dump(args.dump_grads, {name: param.grad for stage in stages for name, param in stage.named_parameters()})
         optimizer.step()
     log_step(step, loss)
-dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
 report(args, stages, expected_inflight=lambda rank: zbv_inflight(num_ranks, args.micro_batches, rank),
        bubble_theory=zbv_bubble(num_ranks, args.micro_batches))  # equal F, I, W; see the README
 finish()

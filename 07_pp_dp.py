@@ -37,7 +37,7 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, record, report, started, timed_step
+from harness import log_step, record, report, timed_step
 from theory import gpipe_bubble, one_f_one_b_inflight
 
 args = parse_args(__doc__, "micro_batches", "data_parallel", schedule="1f1b")
@@ -76,8 +76,7 @@ def all_reduce(loss):
     """Start summing this stage's gradients (and the last stage's loss) over its copies, one in each
     pipeline: each copy then holds the whole batch's. Waited for before the optimizer step."""
     tensors = [param.grad for param in stage.parameters()] + ([loss] if stage.is_last else [])
-    return started("allreduce", lambda: [dist.all_reduce(tensor, group=mesh.get_group("dp"), async_op=True)
-                                         for tensor in tensors])
+    return [dist.all_reduce(tensor, group=mesh.get_group("dp"), async_op=True) for tensor in tensors]
 
 
 def train_step(inputs, labels):
@@ -137,12 +136,10 @@ for step in range(args.steps):
     with timed_step(step):
         optimizer.zero_grad()
         loss, sums = train_step(inputs, labels)
-        sums.wait()  # the optimizer needs the whole batch's gradient
-        if step == 0:
-            dump(args.dump_grads, {name: param.grad for name, param in stage.named_parameters()})
+        for request in sums:  # the optimizer needs the whole batch's gradient
+            request.wait()
         optimizer.step()
     log_step(step, loss if copy == num_copies - 1 else None)  # once a step, by the last rank
-dump(args.dump_params, dict(stage.named_parameters()))
 # rank: a rank of the world, whose stage is rank % num_stages
 report(args, [stage],
        expected_inflight=lambda rank: one_f_one_b_inflight(num_stages, args.micro_batches, rank % num_stages),

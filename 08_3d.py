@@ -38,7 +38,7 @@ from common import (
     setup,
     wait_for_sends,
 )
-from harness import dump, log_step, record, report, started, timed_step
+from harness import log_step, record, report, timed_step
 from theory import gpipe_bubble, one_f_one_b_inflight
 
 args = parse_args(__doc__, "micro_batches", "data_parallel", "tensor_parallel", schedule="1f1b")
@@ -51,17 +51,14 @@ shard, num_shards = mesh.get_local_rank("tp"), mesh.size(2)  # which slice of it
 def sum_over_shards(tensor):
     """The tensor summed over this stage's shards: an all-reduce, whose result is the same bits on every shard."""
     total = tensor.clone(memory_format=torch.contiguous_format)  # all_reduce sums into its tensor
-    started("tp_allreduce", lambda: [dist.all_reduce(total, group=mesh.get_group("tp"), async_op=True)],
-            total.nbytes).wait()
+    dist.all_reduce(total, group=mesh.get_group("tp"))
     return total
 
 
-def gather_over_shards(tensor, dim=-1, timed=True):
-    """The shards' slices of a tensor, joined along dim in shard order: the whole tensor, on every shard
-    (timed=False: for a dump, no part of the step)."""
+def gather_over_shards(tensor, dim=-1):
+    """The shards' slices of a tensor, joined along dim in shard order: the whole tensor, on every shard."""
     slices = [torch.empty_like(tensor) for _ in range(num_shards)]
-    start = lambda: [dist.all_gather(slices, tensor.contiguous(), group=mesh.get_group("tp"), async_op=True)]  # noqa: E731
-    (started("tp_allreduce", start, tensor.nbytes * num_shards) if timed else start()[0]).wait()
+    dist.all_gather(slices, tensor.contiguous(), group=mesh.get_group("tp"))
     return torch.cat(slices, dim)
 
 
@@ -87,7 +84,8 @@ class GatherFromShards(torch.autograd.Function):
 
 
 def cut(whole, dim):
-    """This shard's slice of one of the baseline's parameters, along dim (noted for the dumps)."""
+    """This shard's slice of one of the baseline's parameters, along dim (noted: the harness joins the shards to
+    write the baseline's tensors)."""
     part = torch.nn.Parameter(whole.detach().chunk(num_shards, dim)[shard].clone())
     part.partition_dim = dim  # Megatron-LM's name
     return part
@@ -127,14 +125,6 @@ def parallelize(stage):
     return stage
 
 
-def whole(of):
-    """{name: of(param)} for this stage's parameters, each slice joined from the shards: the baseline's
-    tensors, for shard 0 to write."""
-    tensors = {name: gather_over_shards(of(param), param.partition_dim, timed=False)
-               if hasattr(param, "partition_dim") else of(param) for name, param in stage.named_parameters()}
-    return tensors if shard == 0 else {}
-
-
 stage = parallelize(build_stage(args, rank, num_stages, device))  # this rank's layers only, its slice of them
 optimizer = torch.optim.Adam(stage.parameters(), lr=args.lr, fused=True)
 
@@ -167,8 +157,7 @@ def all_reduce(loss):
     """Start summing this stage's gradients (and the last stage's loss) over its copies, one in each
     pipeline: each copy then holds the whole batch's. Waited for before the optimizer step."""
     tensors = [param.grad for param in stage.parameters()] + ([loss] if stage.is_last else [])
-    return started("allreduce", lambda: [dist.all_reduce(tensor, group=mesh.get_group("dp"), async_op=True)
-                                         for tensor in tensors])
+    return [dist.all_reduce(tensor, group=mesh.get_group("dp"), async_op=True) for tensor in tensors]
 
 
 def train_step(inputs, labels):
@@ -238,12 +227,10 @@ for step in range(args.steps):
     with timed_step(step):
         optimizer.zero_grad()
         loss, sums = train_step(inputs, labels)
-        sums.wait()  # the optimizer needs the whole batch's gradient
-        if step == 0:
-            dump(args.dump_grads, whole(lambda param: param.grad))
+        for request in sums:  # the optimizer needs the whole batch's gradient
+            request.wait()
         optimizer.step()
     log_step(step, loss if copy == num_copies - 1 and shard == num_shards - 1 else None)  # once a step, the last rank
-dump(args.dump_params, whole(lambda param: param))
 # rank: a rank of the world, whose stage is rank // t % num_stages
 report(args, [stage], expected_inflight=lambda rank: one_f_one_b_inflight(num_stages, args.micro_batches,
                                                                          rank // num_shards % num_stages),

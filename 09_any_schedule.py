@@ -36,7 +36,7 @@ from common import (
     timetable,
     wait_for_sends,
 )
-from harness import dump, log_step, pace_share, record, report, timed_step, track
+from harness import log_step, pace_share, record, report, timed_step, track
 from theory import bubbles, peak_inflight, replay, steps
 
 args = parse_args(__doc__, "micro_batches", "virtual_stages", "schedule", virtual_stages=None)  # None: the table's own
@@ -163,11 +163,8 @@ for step in range(args.steps):
     with timed_step(step):
         optimizer.zero_grad()
         loss = train_step(inputs, labels)
-        if step == 0:
-            dump(args.dump_grads, {name: param.grad for stage in stages for name, param in stage.named_parameters()})
         optimizer.step()
     log_step(step, loss)
-dump(args.dump_params, {name: param for stage in stages for name, param in stage.named_parameters()})
 # the table's own count: in flight from F to W; its replay's bubbles at --pace's spans (F, I and W one each, a full
 # backward two, on a stage of average cost)
 report(args, stages, expected_inflight=lambda rank: peak_inflight(tables)[rank],

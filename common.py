@@ -1,6 +1,5 @@
-"""What the lesson needs: its flags, start-up and a clean exit, the MLP and its partitioner, the data, point-to-point
-helpers named by direction, and (06) the moments to send and receive. The schedules live in the numbered scripts;
-measuring and checking live in harness/, which a reader can skip."""
+"""What the lesson needs: its flags, start and end, the MLP and its partitioner, the data, point-to-point helpers named
+by direction, (06) when a tensor travels. The schedules live in the scripts; measuring and checking in harness/."""
 
 import argparse
 import collections
@@ -31,28 +30,23 @@ EVERY_SCRIPT = ("layers", "hidden", "classes", "batch_size", "steps", "lr", "see
 
 
 def parse_args(doc, *flags, **values):
-    """The run's flags, --name for each name (--batch-size for batch_size): every script's, these `flags` of the
-    others, and the harness's. `values` replace defaults; a script without a flag runs at one micro-batch, one chunk
-    a rank, one pipeline and whole stages, and its values' (its schedule's name, 06's two chunks)."""
+    """The run's flags, --name (--batch-size for batch_size): every script's, these `flags`, the harness's; `values`
+    replace defaults (06: two chunks), and a flag not taken is 1 (one micro-batch, chunk, pipeline, shard)."""
     parser = argparse.ArgumentParser(description=doc)
-    parser.set_defaults(micro_batches=1, virtual_stages=1, data_parallel=1, tensor_parallel=1, schedule="gpipe")
-    parser.set_defaults(**values)
+    parser.set_defaults(**dict(micro_batches=1, virtual_stages=1, data_parallel=1, tensor_parallel=1) | values)
     for name in EVERY_SCRIPT + flags:
         default = values.get(name, FLAGS[name])
         taking = dict(action="store_true") if default is False else dict(type=type(FLAGS[name]), default=default)
         parser.add_argument("--" + name.replace("_", "-"), **taking)
-    harness.add_flags(parser)  # the harness's own flags, what each flag means, and a mistake as one sentence
-    args = parser.parse_args()
-    harness.check_args(args)
-    return args
+    harness.add_flags(parser)  # the harness's own flags, what each one means, and a sentence for each mistake
+    return parser.parse_args()
 
 
 def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
-    """Join the process group torchrun describes (a world of one without torchrun). Returns this rank's place in
-    its pipeline, the pipeline's ranks, and the device. placement: chunk c of rank r is stage c n + r ("loop"), or
-    r and 2n - 1 - r ("v"); data_parallel, tensor_parallel: 07's and 08's mesh (_build_mesh)."""
+    """Join the process group torchrun describes (a world of one without torchrun); returns this rank's place in its
+    pipeline, the pipeline's ranks and the device. placement: chunk c of rank r is stage c n + r ("loop"), or r and
+    2n - 1 - r ("v"); data_parallel, tensor_parallel: 07's and 08's mesh (_build_mesh)."""
     global _rank, _num_ranks, _num_chunks, _device, _dtype, _placement
-    harness.before_setup(args)  # cores and threads
     timeout = datetime.timedelta(seconds=args.timeout)  # every wait's
     _dtype = getattr(torch, args.dtype)  # the run's, looked up once
     if "RANK" not in os.environ:
@@ -64,7 +58,7 @@ def setup(args, placement="loop", data_parallel=False, tensor_parallel=False):
     else:
         dist.init_process_group("gloo", timeout=timeout)
     _rank, _num_ranks, _num_chunks, _placement = dist.get_rank(), dist.get_world_size(), args.virtual_stages, placement
-    harness.after_setup(args, _device, named, covering)  # the same flags on every rank, one clock, the P2P checks
+    harness.after_setup(args, _device, named, covering, device_mesh)  # the checks, the meters, one clock
     if data_parallel:
         _build_mesh(args, tensor_parallel, timeout)
     args.blocks = partition(args.layers, _num_ranks * args.virtual_stages)  # each stage's count of blocks
@@ -89,12 +83,10 @@ def _build_mesh(args, tensor_parallel, timeout):
 
 
 def finish():
-    """Leave once every rank is done, skipping the interpreter's teardown: gloo's threads can outlive the process
-    group, and one that drops a tensor during teardown aborts the process (exit 0, not "terminate called ...")."""
+    """Leave once every rank is done, without the interpreter's teardown, where gloo's threads can abort the process."""
     dist.barrier()
     dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    sys.stdout.flush()  # stderr is written line by line
     os._exit(0)
 
 
@@ -220,10 +212,8 @@ def post(*operations):
         peer, tag = _peer_and_tag(op, is_send)  # None where the pipeline ends
         if peer is None:  # the pipeline ends here: nothing to send, and nothing comes (Pending.received gives None)
             continue
-        if peer == dist.get_rank() and is_send:  # to this rank's other chunk (the V's bottom): gloo cannot send there
-            _local[tag] = harness.track(op.tensor.detach())
-        elif peer == dist.get_rank():
-            buffers[op] = _local.pop(tag)  # from this rank's other chunk, sent earlier in this group or before
+        if peer == dist.get_rank():  # this rank's other chunk (the V's bottom): gloo cannot send there
+            _hand_over(op, tag, buffers)
         elif is_send:
             send_index[peer, tag] = len(p2p_ops)
             p2p_ops.append(dist.P2POp(dist.isend, op.tensor.detach(), peer, group=_group, tag=tag))
@@ -236,6 +226,14 @@ def post(*operations):
     _sends.update({key: requests[k] for key, k in send_index.items()})
     recvs = [op for op in operations if isinstance(op, Recv)]
     return Pending(recvs, buffers, {recv: requests[k] for recv, k in recv_index.items()})
+
+
+def _hand_over(op, tag, buffers):
+    """A tensor one chunk of this rank sends the other (the V's turn on the bottom rank) stays in memory (_local)."""
+    if isinstance(op, Send):
+        _local[tag] = harness.track(op.tensor.detach())
+    else:
+        buffers[op] = _local.pop(tag)  # sent earlier in this group or before
 
 
 def covering(requests, count):

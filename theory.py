@@ -1,8 +1,5 @@
-"""The theory every run is compared against, in one place: what the scripts print beside what they measure, the
-closed forms (*_bubble, *_inflight, every computation one unit) and the replay of a table (replay, bubbles,
-peak_inflight) that the closed forms are checked against. Plain Python: it imports nothing of the lesson. A
-computation is (kind, chunk, micro_batch) in a table, (kind, stage, micro_batch) once placed.
-"""
+"""The theory the runs are compared against: closed forms (*_bubble, *_inflight, a unit a computation) and a table's
+replay (replay, bubbles, peak_inflight) that checks them. A computation: (kind, chunk, micro_batch) in a table."""
 
 import itertools
 import math

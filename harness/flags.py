@@ -8,7 +8,6 @@ import time
 import torch
 import torch.distributed as dist
 
-import schedules
 import theory
 
 
@@ -35,6 +34,7 @@ def fail(message):
     os._exit(2)  # skip interpreter teardown: nothing to save, and no rank waits on us
 
 
+CORES_PER_RANK = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # on this host
 # The flags more than one program takes (the scripts, tools/plan.py, tools/torch_schedules.py), each declared here
 # once: its add_argument keywords. A help may name {schedules}, which the program fills in.
 FLAGS = {
@@ -59,6 +59,8 @@ FLAGS = {
                       help="an overlapped F&B step (DualPipeV's) lasts R of its forward and its full backward one "
                            "after the other: 1, no overlap, down to the longer part's share, each hidden in the other "
                            "(09: with --pace, each part paced at R of its span)"),
+    "--threads": dict(type=int, default=CORES_PER_RANK,
+                      help="torch threads per rank (default: cores / ranks on this host)"),
     "--json": dict(action="store_true", help="print the results as JSON, an object a line (plan.py: not its table)"),
     "--svg": dict(metavar="FILE", help="draw the timeline as a picture (SVG): a run's last step, a plan's table"),
     "--dump-grads": dict(metavar="DIR", help="write each rank's gradients after the first backward, DIR/rank{{R}}.pt: "
@@ -92,9 +94,10 @@ CHOICES = {"--dtype": ("float32", "float64")}
 _taken = {}  # the script's flags, dest -> its argparse action, as add_flags found them
 
 
-def add_flags(parser):
-    """The harness's part of a script's parser (common.parse_args), before it parses: what each of the lesson's flags
-    means, the harness's own flags, and a mistake as one sentence, not argparse's usage."""
+def add_flags(parser, schedules):
+    """The harness's part of a script's parser (common.parse_args, through startup.add_flags), before it parses: what
+    each of the lesson's flags means, the harness's own flags, and argparse's complaints as one sentence. schedules:
+    the module whose tables 09's --schedule names."""
     parser.description = parser.description.split("\n\n")[0]
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.error = lambda message: fail(f"{message} (see --help)")
@@ -104,11 +107,10 @@ def add_flags(parser):
         keywords = FLAGS.get(flag, dict(help=HELPS.get(flag), metavar=METAVARS.get(flag)))
         action.help = keywords["help"].format(schedules=", ".join(schedules.SCHEDULES))
         action.metavar, action.choices = keywords.get("metavar", action.metavar), CHOICES.get(flag)
-    cores_per_rank = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    parser.add_argument("--threads", type=int, default=cores_per_rank,
-                        help="torch threads per rank (default: cores / ranks on this host)")
-    parser.set_defaults(sync_sends=False, partition="even", one_process=False)
-    if not parser.get_default("one_process"):
+    declare(parser, "--threads")
+    one_process = bool(parser.get_default("one_process"))  # 00's value: the whole model in one process
+    parser.set_defaults(sync_sends=False, partition="even", one_process=one_process)
+    if not one_process:
         declare(parser, "--partition")
         parser.add_argument("--sync-sends", action="store_true",
                             help="NCCL's rules on gloo: a rank's groups run in turn, each done once its sends are "
@@ -130,34 +132,33 @@ def add_flags(parser):
                         help="instrument the even steps only, and compare their time with the odd steps'")
 
 
-def check_args(args):
+def check_args(args, schedules):
     """Each mistake in the flags, or in how the run was started, ends it with one sentence (common.parse_args, once
-    parsed). 09 (--schedule): the table must suit the layout; sets args.placement and its chunks."""
+    parsed); returns the flags. 09 (--schedule): the table must suit the layout (schedules.load); sets
+    args.placement and its chunks."""
     if "schedule" in _taken:
         _check_schedule(args, schedules)
     _check(args, args.one_process, "virtual_stages" in _taken and "schedule" not in _taken)
+    return args
 
 
-def model_flags(doc, micro_batches=False):
-    """The flags of the model, the data and the training that every script takes (common.FLAGS), and --threads:
+def model_flags(doc, defaults, names):
+    """The lesson's flags `names`, at their `defaults` (common.FLAGS), with their helps, and --threads:
     tools/torch_schedules.py's, which runs PyTorch's runtime on the lesson's model."""
-    import common  # the lesson's, which imports the harness: here, once both are loaded
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.error = lambda message: fail(f"{message} (see --help)")  # one sentence, not argparse's usage
     parser.set_defaults(micro_batches=1, virtual_stages=1, data_parallel=1, tensor_parallel=1, sync_sends=False,
                         partition="even")
-    for name in common.EVERY_SCRIPT + ("micro_batches",) * micro_batches:
-        flag, default = "--" + name.replace("_", "-"), common.FLAGS[name]
+    for name in names:
+        flag, default = "--" + name.replace("_", "-"), defaults[name]
         if flag in FLAGS:
             declare(parser, flag)
         elif default is False:
             parser.add_argument(flag, action="store_true", help=HELPS[flag])
         else:
             parser.add_argument(flag, type=type(default), default=default, help=HELPS[flag], choices=CHOICES.get(flag))
-    cores_per_rank = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    parser.add_argument("--threads", type=int, default=cores_per_rank,
-                        help="torch threads per rank (default: cores / ranks on this host)")
+    declare(parser, "--threads")
     return parser
 
 

@@ -1,9 +1,20 @@
-"""The lab's part of the pipeline's layout, once common.setup knows it: each stage's blocks as --partition says,
-and --pace's spans by each stage's counted cost."""
+"""The lab's part of the pipeline's layout: the flags, checked against it (add_flags: 09's table too), and once
+common.setup knows it, each stage's blocks as --partition says, and --pace's spans by each stage's counted cost."""
 
 import schedules
 import theory
+from harness import flags
 from harness.meters import pace_at
+from harness.startup import before_setup
+
+
+def add_flags(parser):
+    """common.parse_args's parser, before it parses: the harness's flags and what each flag means (flags.add_flags);
+    once parsed, each mistake one sentence (flags.check_args, 09's table against the layout too), then this rank's
+    cores and threads (startup.before_setup)."""
+    flags.add_flags(parser, schedules)
+    parse = parser.parse_args
+    parser.parse_args = lambda: before_setup(flags.check_args(parse(), schedules))
 
 
 def plan_stages(args, rank, num_ranks, stage_of):

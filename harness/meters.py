@@ -12,7 +12,6 @@ import torch.nn as nn
 
 import theory
 from harness import transport
-from harness.flags import gave_up
 
 # the kinds of span that compute, F, I, W and B as the README names them; the others: "wait", "allreduce", TP
 COMPUTE = ("forward", "backward", "weight", "full_backward")
@@ -81,7 +80,7 @@ def idle_now():
     return time.perf_counter()
 
 
-def _mark():
+def mark():
     """Now, as a number on CPU; on CUDA an event in the stream, read after the step (a synchronize
     here would make every asynchronous operation a blocking one)."""
     if recorder.device.type != "cuda":
@@ -143,7 +142,7 @@ def track(tensor):
 def record(kind, micro_batch, chunk=0):
     """Time one forward, backward, weight-gradient pass or wait; a forward or a backward (--recompute's runs
     the forward again) also counts what it saves. With --pace, a computation then sleeps out the rest of its span."""
-    began, start = time.perf_counter(), _mark() if recorder.enabled else None
+    began, start = time.perf_counter(), mark() if recorder.enabled else None
     hooks = torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
     computes = kind in COMPUTE
     if computes:
@@ -159,7 +158,7 @@ def record(kind, micro_batch, chunk=0):
         recorder.overruns += left < 0
         time.sleep(max(0.0, left))
     if recorder.enabled:
-        recorder.pending.append(Span(recorder.step, kind, micro_batch, chunk, start, _mark()))
+        recorder.pending.append(Span(recorder.step, kind, micro_batch, chunk, start, mark()))
 
 
 def pace_at(costs, stages):
@@ -172,25 +171,6 @@ def pace_at(costs, stages):
 def pace_share(share):
     """--pace the computations from now on at this share of their spans (09: an F&B step's parts at --overlap)."""
     recorder.share = share
-
-
-def started(kind, start, nbytes=0):
-    """Requests that start() starts now, waited for later (07's gradient all-reduce; 08's TP, at once): wait() on
-    what this returns waits for them all and records one span from before start() (nbytes: what they make)."""
-    begun = _mark() if recorder.enabled else None
-    return _Started(kind, start(), begun, nbytes)
-
-
-class _Started(namedtuple("_Started", "kind requests begun nbytes")):
-    def wait(self):
-        try:
-            for request in self.requests:
-                request.wait()
-        except RuntimeError as error:
-            peers = "its copies" if self.kind == "allreduce" else "the other shards of its stage"
-            raise gave_up(self.kind, peers, error, "one") from None
-        if self.begun is not None:
-            recorder.pending.append(Span(recorder.step, self.kind, 0, 0, self.begun, _mark(), self.nbytes))
 
 
 def posted(messages):
@@ -210,10 +190,10 @@ def timed_step(step):
         recorder.enabled = step % 2 == 0
     on_cuda = recorder.device.type == "cuda"
     if on_cuda:  # an event at a known time on the host's clock, to read the step's events against
-        origin_seconds, origin = idle_now() + recorder.offset, _mark()
-    start, cpu_start = _mark(), time.process_time()
+        origin_seconds, origin = idle_now() + recorder.offset, mark()
+    start, cpu_start = mark(), time.process_time()
     yield
-    end, cpu = _mark(), time.process_time() - cpu_start
+    end, cpu = mark(), time.process_time() - cpu_start
     if on_cuda:  # the step is over: read its events
         end.synchronize()
         seconds = lambda event: origin_seconds + origin.elapsed_time(event) / 1e3  # noqa: E731

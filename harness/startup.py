@@ -10,8 +10,9 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from harness import guarantees
+from harness import collectives, guarantees
 from harness.flags import PipelineError, fail
 from harness.meters import idle_now, recorder
 
@@ -20,7 +21,7 @@ _torch_excepthook = sys.excepthook
 
 def before_setup(args):
     """Cores and threads, before the process group exists: each rank on this host gets its own cores,
-    so ranks do not take turns on the same ones."""
+    so ranks do not take turns on the same ones. Returns the flags."""
     cores, local_world_size = sorted(os.sched_getaffinity(0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if local_world_size > len(cores) and local_rank == 0:
@@ -30,16 +31,21 @@ def before_setup(args):
         os.sched_setaffinity(0, cores[local_rank * args.threads:(local_rank + 1) * args.threads])
     torch.set_num_threads(args.threads)
     recorder.enabled, recorder.alternate, recorder.pace = not args.no_instrument, args.overhead, args.pace / 1e3
+    return args
 
 
-def after_setup(args, device, named, covering):
+def after_setup(args, device, named, covering, device_mesh):
     """Errors as sentences, the rules around every send and receive (named, covering: how the lesson reads a tag
-    and a group's requests, common.named and common.covering), the same flags on every rank, one clock for all,
-    and a message's latency."""
-    global _torch_excepthook
+    and a group's requests, common.named and common.covering), the collectives' spans (device_mesh: 07's and 08's
+    mesh, common.device_mesh), the first step's gradients kept for --dump-grads, the same flags on every rank, one
+    clock for all, and a message's latency."""
+    global _torch_excepthook, _device_mesh
     _torch_excepthook, sys.excepthook = sys.excepthook, _excepthook  # after init_process_group, which sets its own
-    recorder.device = device
+    recorder.device, _device_mesh = device, device_mesh
     guarantees.install(args, named, covering)
+    collectives.install(device_mesh)
+    if args.dump_grads:
+        register_optimizer_step_pre_hook(_note_first_grads)
     _check_same_flags(args)
     _sync_clock()
     _measure_latency(args)
@@ -120,6 +126,43 @@ def _excepthook(kind, error, traceback):
     if issubclass(kind, KeyboardInterrupt):
         os._exit(130)
     _torch_excepthook(kind, error, traceback)
+
+
+_device_mesh = None  # common.device_mesh, for a stage's shards (08)
+_first_grads = {}  # --dump-grads: each parameter's gradient as the first optimizer step found it
+
+
+def _note_first_grads(optimizer, args, kwargs):
+    """Before each optimizer step: the first one's gradients, kept until report writes them (dump_run)."""
+    if not _first_grads:
+        _first_grads.update({param: param.grad.detach().clone() for group in optimizer.param_groups
+                             for param in group["params"] if param.grad is not None})
+
+
+def dump_run(args, stages):
+    """--dump-grads and --dump-params: the first step's gradients and the parameters now, by name, for this rank's
+    stages (report calls it). 08: a stage's shards joined into the baseline's tensors, which shard 0 writes (the
+    other shards an empty file)."""
+    for directory, of in ((args.dump_grads, _first_grads.get), (args.dump_params, lambda param: param)):
+        if directory:
+            dump(directory, _whole(stages, of))
+
+
+def _whole(stages, of):
+    """{name: of(param)} for the stages' parameters, a shard's slice (its partition_dim, 08) joined with the
+    others' in shard order; {} on all but shard 0 of a stage."""
+    mesh = _device_mesh()
+    shards = "tp" in mesh.mesh_dim_names if mesh is not None else False
+    tensors = {}
+    for stage in stages:
+        for name, param in stage.named_parameters():
+            tensor = of(param).detach()
+            if shards and hasattr(param, "partition_dim"):
+                slices = [torch.empty_like(tensor) for _ in range(mesh.size(2))]
+                collectives.torch_call("all_gather")(slices, tensor.contiguous(), group=mesh.get_group("tp"))
+                tensor = torch.cat(slices, param.partition_dim)
+            tensors[name] = tensor
+    return tensors if not shards or mesh.get_local_rank("tp") == 0 else {}
 
 
 def dump(directory, tensors):

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import theory
 from harness import pictures
 from harness.meters import COMPUTE, TP, recorder
+from harness.startup import dump_run
 
 # One rank's records (see meters.py), its model chunks' (first, last) layers, its peak activation and
 # held bytes, torch.cuda.max_memory_allocated (-1 on the CPU), its computations longer than --pace, its parameter bytes.
@@ -25,13 +26,15 @@ Stretch = namedtuple("Stretch", "part start end")  # a stretch of a rank's time 
 
 
 def report(args, stages, expected_inflight, bubble_theory=None, expected_parameter_bytes=None):
-    """Gather every rank's measurements on rank 0, and print the timeline, the table and the JSON line (the script
-    ends the run: common.finish). stages: this rank's model chunks (their .layers). expected_inflight(rank): the micro-batches (or
-    micro-batch and chunk pairs) the schedule keeps alive on that rank. bubble_theory: the schedule's with every
+    """Write --dump-grads and --dump-params (startup.dump_run), gather every rank's measurements on rank 0, and
+    print the timeline, the table and the JSON line (the script ends the run: common.finish). stages: this rank's
+    model chunks (their .layers and parameters). expected_inflight(rank): the micro-batches (or micro-batch and
+    chunk pairs) the schedule keeps alive on that rank. bubble_theory: the schedule's with every
     span equally long, which holds where the stages cost the same, else its order is replayed at the paced spans
     (theory.paced_spans); or a function of those spans giving each rank's (09: its table's replay, a full
     backward I then W).
     expected_parameter_bytes(rank) (08): its parameter bytes."""
+    dump_run(args, stages)
     cuda_peak = torch.cuda.max_memory_allocated(recorder.device) if recorder.device.type == "cuda" else -1
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, Records(recorder.spans, recorder.steps, recorder.losses, recorder.posts,

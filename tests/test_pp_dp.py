@@ -9,11 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
 
 import harness
+import harness.collectives
 import schedules
 from tests.launch import (
     ENV,
@@ -219,9 +221,17 @@ def test_stuck_rank_times_out(tmp_path):
 
 
 def test_all_reduce_span_counts_its_launch(monkeypatch):
-    """The table's all-reduce time starts before the requests are posted: launching them is part of it."""
+    """The table's all-reduce time starts before the requests are posted: launching them is part of it; and the
+    requests started together (07's, a tensor each) are one span, from the first launch to the last wait."""
     monkeypatch.setattr(harness.meters.recorder, "pending", [])
+    monkeypatch.setattr(harness.collectives, "_open", {})
     launch_seconds = 0.05
-    harness.started("allreduce", lambda: time.sleep(launch_seconds) or []).wait()
+    done = types.SimpleNamespace(wait=lambda: True)
+    monkeypatch.setitem(harness.collectives._torch, "all_reduce",
+                        lambda *args, **kwargs: time.sleep(launch_seconds) or done)
+    all_reduce = harness.collectives._timed("all_reduce")  # what the layer puts in dist.all_reduce's place
+    requests = [all_reduce(torch.zeros(3), group="dp", async_op=True) for _ in range(3)]
+    for request in requests:
+        request.wait()
     [span] = harness.meters.recorder.pending
-    assert span.kind == "allreduce" and span.end - span.start >= launch_seconds
+    assert span.kind == "allreduce" and span.end - span.start >= 3 * launch_seconds

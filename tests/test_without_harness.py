@@ -8,11 +8,16 @@ with none is unwrapped (its body stays); `track(x)` reads as `x`. A harness call
 rule would not know what the script means by it."""
 
 import ast
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 
+import common
+import harness.flags
 from tests import launch
 from tests.launch import EXACT, SIZE, assert_close, start_ranks, wait_ranks
 
@@ -34,11 +39,15 @@ _torch.optim.Adam.step = _capture
 '''
 # Run last, before the script's clean exit: those gradients by name, as the baseline's dump names them.
 SAVE = '''
-_modules = [globals()[name] for name in ("model", "stage") if name in globals()] + globals().get("stages", [])
-if "whole" in globals():  # 08: a stage's shards joined into the baseline's tensors, on shard 0
-    _named = whole(lambda param: _first_grads[id(param)])
-else:
-    _named = {name: _first_grads[id(param)] for module in _modules for name, param in module.named_parameters()}
+_named = {}
+for _module in [globals()[name] for name in ("model", "stage") if name in globals()] + globals().get("stages", []):
+    for _name, _param in _module.named_parameters():
+        _grad = _first_grads[id(_param)]
+        if hasattr(_param, "partition_dim"):  # 08: this shard's slice, joined with the others' in shard order
+            _slices = [_torch.empty_like(_grad) for _ in range(mesh.size(2))]
+            _torch.distributed.all_gather(_slices, _grad.contiguous(), group=mesh.get_group("tp"))
+            _grad = _torch.cat(_slices, _param.partition_dim)
+        _named[_name] = _grad
 _torch.save(_named, f"{_OUT}/rank{_torch.distributed.get_rank()}.pt")
 '''
 
@@ -81,12 +90,14 @@ class Strip(ast.NodeTransformer):
 
 
 def stripped(script):
-    """The script's text with every harness line removed (Strip), checked to name the harness nowhere."""
-    tree = ast.parse(open(f"{launch.HERE}/{script}").read())
-    tree = ast.fix_missing_locations(Strip().visit(tree))
-    text = ast.unparse(tree)
-    assert "harness" not in text, "a harness name the rule left"
-    return text
+    """The script's text with every harness line removed (Strip), checked to import and name nothing of it."""
+    strip = Strip()
+    tree = ast.fix_missing_locations(strip.visit(ast.parse(open(f"{launch.HERE}/{script}").read())))
+    left = [node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in strip.names]
+    imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+               and "harness" in [getattr(node, "module", None), *[alias.name for alias in node.names]]]
+    assert strip.names and not left and not imports, f"{script}: harness names the rule left: {left}"
+    return ast.unparse(tree)
 
 
 def run_stripped(tmp_path, script, nproc, *flags):
@@ -145,3 +156,28 @@ def test_the_rule_removes_every_harness_line():
         assert kept in text, kept
     for gone in ("record(", "timed_step(", "log_step(", "report(", "dump("):
         assert gone not in text, gone
+
+
+def test_the_lessons_defaults_are_the_ones_the_harness_declares():
+    """tools/plan.py and tools/draw.py take --layers, --micro-batches, ... as the harness declares them: at the
+    defaults the scripts run with (common.FLAGS), or a plan would be of another model than the README's command."""
+    for flag, keywords in harness.flags.FLAGS.items():
+        name = flag[2:].replace("-", "_")
+        if name in common.FLAGS and "default" in keywords:
+            assert keywords["default"] == common.FLAGS[name], flag
+
+
+@pytest.mark.parametrize("script", ["08_3d.py", "09_any_schedule.py"])
+def test_every_flag_says_what_it_means(script):
+    """The lesson declares its flags bare; the harness gives each its help: none is left without."""
+    result = subprocess.run([sys.executable, script, "--help"], cwd=launch.HERE, capture_output=True, text=True,
+                            env=launch.ENV, timeout=60)
+    options = result.stdout.split("options:")[1]
+    blocks = re.split(r"\n(?=  -)", options.strip("\n"))  # a flag's lines each: its name and metavar, its help
+    helps = {}
+    for block in blocks:
+        first, *rest = block.splitlines()
+        name_and_help = re.split(r"\s{2,}", first.strip(), maxsplit=1)
+        helps[name_and_help[0].split()[0]] = " ".join(name_and_help[1:] + [line.strip() for line in rest])
+    assert {"--layers", "--micro-batches", "--pace", "--dump-grads"} <= set(helps), sorted(helps)
+    assert all(len(text.split()) >= 2 for text in helps.values()), helps

@@ -60,7 +60,7 @@ def draw(tables, placement="loop", cost=theory.UNIT_SPANS, labels=None, then="")
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.error = lambda message: harness.fail(f"{message} (see --help)")
-    harness.flags.add_flags(parser, "--schedule", "--stages", "--micro-batches", "--virtual-stages",
+    harness.flags.declare(parser, "--schedule", "--stages", "--micro-batches", "--virtual-stages",
                             schedules=", ".join(schedules.SCHEDULES))
     parser.set_defaults(virtual_stages=None)
     parser.add_argument("--full-backward-units", type=float, default=1.0, metavar="U",

@@ -55,7 +55,7 @@ class Row(NamedTuple):
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1])
 parser.error = lambda message: harness.fail(f"{message} (see --help)")  # argparse's own complaints in one line
-harness.flags.add_flags(parser, "--stages", "--micro-batches", "--virtual-stages")
+harness.flags.declare(parser, "--stages", "--micro-batches", "--virtual-stages")
 cost_flags = parser.add_mutually_exclusive_group()
 cost_flags.add_argument("--costs", default="1,1,1", help="a stage's F, I and W times (a full backward costs I + W), "
                         "and a message's between ranks: F,I,W[,MSG] (1,1,1)")
@@ -75,9 +75,9 @@ parser.add_argument("--objective", choices=("step", "window"), default="step",
                          "zero-bubble paper's, as steps run back to back see it); the other breaks ties (step)")
 parser.add_argument("--placement", choices=("loop", "v"),
                     help="plan on this placement alone, the search's included (default: both)")
-harness.flags.add_flags(parser, "--overlap", "--json", "--svg")
+harness.flags.declare(parser, "--overlap", "--json", "--svg")
 parser.add_argument("--save", metavar="FILE.csv", help="write the search's table, in PyTorch's compute_only CSV")
-harness.flags.add_flags(parser, "--layers", "--hidden", "--classes", "--partition")
+harness.flags.declare(parser, "--layers", "--hidden", "--classes", "--partition")
 parser.set_defaults(layers=None)  # --costs, unless the model is given
 
 

@@ -38,8 +38,8 @@ SCHEDULES = {"gpipe": pytorch.ScheduleGPipe, "1f1b": pytorch.Schedule1F1B,  # ou
              "dualpipev": pytorch.ScheduleDualPipeV, "looped-bfs": pytorch.ScheduleLoopedBFS,
              "interleaved-zero-bubble": pytorch.ScheduleInterleavedZeroBubble}
 
-parser = harness.flags.model_flags(__doc__, micro_batches=True)  # the scripts' own flags
-harness.flags.add_flags(parser, "--schedule", "--virtual-stages", "--dump-grads", schedules=", ".join(SCHEDULES))
+parser = harness.flags.model_flags(__doc__, common.FLAGS, common.EVERY_SCRIPT + ("micro_batches",))  # the scripts'
+harness.flags.declare(parser, "--schedule", "--virtual-stages", "--dump-grads", schedules=", ".join(SCHEDULES))
 parser.set_defaults(no_instrument=True, overhead=False, pace=0.0, virtual_stages=None)  # what common.setup reads
 args = parser.parse_args()
 if not 1 <= args.micro_batches <= args.batch_size:
@@ -54,6 +54,7 @@ try:  # our placement and chunks for it, checked as 09 checks them
 except ValueError as error:
     harness.fail(f"--schedule {args.schedule}: {error}")
 args.virtual_stages = table.num_chunks
+harness.before_setup(args)  # cores and threads, as the scripts' parse_args gives them
 rank, n, device = common.setup(args)  # each rank on its own cores, one clock, the run's dtype
 harness.guarantees.uninstall()  # PyTorch's runtime posts and waits for its own groups: torch's calls as they are
 v = table.num_chunks
@@ -109,4 +110,4 @@ if rank == 0:
                       "virtual_stages": v, "num_microbatches": args.micro_batches,
                       "step_ms_median": statistics.median_high(step_ms), "step_cpu_ms": cpu_ms,
                       "losses": losses.tolist()}), flush=True)
-harness.finish()
+common.finish()

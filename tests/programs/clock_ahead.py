@@ -9,7 +9,7 @@ if os.environ["RANK"] == "1":
     harness.startup._machine_id = lambda: "another machine"
     perf_counter = time.perf_counter
     time.perf_counter = lambda: perf_counter() + 1000.0
-common.setup(harness.parse_args("clocks"))
+common.setup(common.parse_args("clocks"))
 with open(os.path.join(os.environ["OFFSET_FOLDER"], "offset" + os.environ["RANK"]), "w") as file:
     file.write(repr(harness.meters.recorder.offset))
-harness.finish()
+common.finish()

@@ -2,9 +2,8 @@
 import torch
 
 import common
-import harness
 
-args = harness.parse_args(__doc__)
+args = common.parse_args(__doc__)
 rank, _, _ = common.setup(args)
 # rank 0 sends micro-batches 0 and 1 in one group; rank 1 posts its receives of them the other way round
 first, second = torch.zeros(2, 3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.float64)
@@ -14,4 +13,4 @@ else:
     one, zero = common.post(common.Recv(1, first.shape, False), common.Recv(0, first.shape, False)).wait()
     print("matched" if one.sum() == 6 and zero.sum() == 0 else "swapped", flush=True)
 common.wait_for_sends()
-harness.finish()
+common.finish()
