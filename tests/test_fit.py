@@ -162,3 +162,81 @@ def test_plan_predicts_schedules_it_did_not_see(runs, tmp_path):
         predicted, free = planned[name]["run_step"] / 1e3, planned[name]["step"] / 1e3
         assert abs(predicted / measured - 1) < 0.4, (name, predicted, measured)
         assert abs(predicted / measured - 1) < abs(free / measured - 1), (name, predicted, free, measured)
+
+
+# A block's F, I and W against its rows, (what it pays whatever its rows, a row's more), the head's, and a cold
+# forward's more a block: what rows_trace makes spans at.
+BLOCK = {"forward": (40.0, 3.0), "backward": (45.0, 3.5), "weight": (30.0, 2.5)}
+HEAD = {"forward": (20.0, 0.5), "backward": (15.0, 0.4), "weight": (10.0, 0.3)}
+COLD = 8.0
+
+
+def rows_trace(name, num_ranks, num_microbatches, blocks, batch_size=64):
+    """made_trace's trace of `name` with each computation's span made by the rows model instead: its stage's blocks
+    times (a + b r) for its micro-batch's r rows, plus the head's on the last stage, a cold forward COLD a block
+    more; otherData says each micro-batch's rows, as a run's trace does."""
+    trace = made_trace(name, num_ranks, num_microbatches, blocks, PRICES)
+    rows = [batch_size // num_microbatches + (i < batch_size % num_microbatches) for i in range(num_microbatches)]
+    last = len(blocks) - 1
+    computations = sorted((event for event in trace["traceEvents"] if event["ph"] == "X"),
+                          key=lambda event: (event["pid"], event["ts"]))
+    for previous, event in zip([None, *computations], computations):
+        kind, stage, size = event["cat"], event["args"]["stage"], rows[event["args"]["micro_batch"]]
+        (a, b), (c, d) = BLOCK[kind], HEAD[kind]
+        same_step = previous is not None and (previous["pid"], previous["args"]["step"]) == \
+            (event["pid"], event["args"]["step"])
+        warm = same_step and finds_weights((previous["cat"], previous["args"]["chunk"]), event["args"]["chunk"])
+        event["dur"] = blocks[stage] * (a + b * size) + (stage == last) * (c + d * size) + \
+            (kind == "forward" and not warm) * COLD * blocks[stage]
+    trace["otherData"].update(rows=rows, batch_size=batch_size, micro_batches=num_microbatches)
+    return trace
+
+
+def test_fit_rows_recovers_the_costs_the_traces_were_made_at():
+    """ZB-H1 on 2 ranks at 1, 4 and 16 micro-batches of a batch of 64 (64, 16 and 4 rows): each kind's block and
+    head parts and the cold forward's more, as made; one size alone cannot tell them apart."""
+    traces = [rows_trace("zb-h1", 2, m, [4, 4]) for m in (1, 4, 16)]
+    found = fit.fit_rows(traces)
+    for kind in BLOCK:
+        assert found.block[kind] == pytest.approx(BLOCK[kind], abs=1e-6), kind
+        assert found.head[kind] == pytest.approx(HEAD[kind], abs=1e-6), kind
+    assert found.cold_forward == pytest.approx(COLD, abs=1e-6)
+    assert found.stage_costs([3, 5], 10)[1]["weight"] == pytest.approx(5 * (30 + 25) + 10 + 3)
+    with pytest.raises(ValueError, match="one micro-batch size"):
+        fit.fit_rows([rows_trace("zb-h1", 2, 4, [4, 4])] * 2)
+
+
+def written(tmp_path, traces):
+    paths = []
+    for index, trace in enumerate(traces):
+        paths.append(str(tmp_path / f"trace{index}.json"))
+        with open(paths[-1], "w") as file:
+            json.dump(trace, file)
+    return paths
+
+
+def test_plan_picks_the_micro_batches(tmp_path):
+    """Fitted on three runs of ZB-H1, plan.py prices every schedule at each m of a batch: a row each, naming its
+    micro_batches; the best is the least run step, which is neither the fewest micro-batches (all bubble) nor the
+    most (each re-reads every block for few rows); under --batch-memory, the least of the rows within it."""
+    paths = written(tmp_path, [rows_trace("zb-h1", 2, m, [4, 4]) for m in (1, 4, 16)])
+    command = ["tools/plan.py", "--stages", "2", "--micro-batches", "1,2,4,8,16", "--costs-from", *paths, "--json"]
+    rows = [json.loads(line) for line in python(*command, check=True).stdout.splitlines()]
+    ran = [row for row in rows if "run_step" in row]
+    assert {row["micro_batches"] for row in ran} == {1, 2, 4, 8, 16}
+    [best] = [row for row in rows if row.get("best")]
+    assert best["run_step"] == min(row["run_step"] for row in ran) and best["micro_batches"] not in (1, 16), best
+    limit = 0.9 * best["batch_memory"]
+    rows = [json.loads(line) for line in python(*command, "--batch-memory", str(limit), check=True).stdout.splitlines()]
+    [best] = [row for row in rows if row.get("best")]
+    within = [row["run_step"] for row in rows if "run_step" in row and row["batch_memory"] <= limit]
+    assert best["batch_memory"] <= limit and best["run_step"] == min(within), best
+
+
+def test_several_micro_batch_counts_need_traces_at_several_sizes(tmp_path):
+    """A micro-batch's cost against its rows needs runs at two sizes at least: else one sentence."""
+    [path] = written(tmp_path, [rows_trace("zb-h1", 2, 4, [4, 4])])
+    result = python("tools/plan.py", "--stages", "2", "--micro-batches", "1,2,4", "--costs-from", path)
+    assert result.returncode != 0 and "two traces or more" in result.stderr, result.stderr
+    result = python("tools/plan.py", "--stages", "2", "--micro-batches", "1,2", "--costs-from", path, path)
+    assert result.returncode != 0 and "one micro-batch size" in result.stderr, result.stderr

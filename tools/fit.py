@@ -12,6 +12,8 @@ as_run      a stage's costs with its full backward as the schedule's own script 
 import statistics
 from typing import NamedTuple
 
+import torch
+
 import theory
 from harness.meters import COMPUTE
 
@@ -224,3 +226,83 @@ def _block_and_head(shares):
     if abs(determinant) < 1e-9 * max(xx * hh, 1):
         return (xy / xx if xx else 0.0), 0.0
     return (xy * hh - xh * hy) / determinant, (xx * hy - xh * xy) / determinant
+
+
+class RowCosts(NamedTuple):
+    """F, I and W against a micro-batch's rows, fitted over several traces (fit_rows), in microseconds: each kind's
+    (a, b) of a block, a + b r at r rows (a: what a block pays whatever its rows, its weights read again and its
+    calls; b: a row's arithmetic), and the head's (c, d) likewise; a cold forward's more a block (cold_forward)."""
+    block: dict  # kind -> (a, b)
+    head: dict  # kind -> (c, d)
+    cold_forward: float
+
+    def stage_costs(self, split, rows):
+        """Each stage's {kind: cost} at `rows` rows a micro-batch, split: each stage's blocks, the last one the head's:
+        its forward warm (run_step adds the cold ones' more at the table's share)."""
+        costs = []
+        for stage, count in enumerate(split):
+            has_head = stage == len(split) - 1
+            cost = {kind: count * (a + b * rows) + has_head * (self.head[kind][0] + self.head[kind][1] * rows)
+                    for kind, (a, b) in self.block.items()}
+            costs.append({**cost, "full_backward": cost["backward"] + cost["weight"],
+                          "overlapped_backward": cost["backward"] + cost["weight"]})
+        return costs
+
+
+def fit_rows(traces):
+    """A block's and the head's F, I and W against their rows (RowCosts), by least squares over every measured
+    computation of several harness traces (dicts) at different micro-batch sizes: a span lasts its stage's blocks
+    times (a + b r) plus, on the last stage, (c + d r), and a cold forward (_finds_weights) a block's cold_forward
+    more. r: the rows of its micro-batch (otherData's rows). ValueError, one sentence, where the traces cannot tell
+    a block's parts apart: fewer than two sizes, or no blocks."""
+    samples = {kind: [] for kind in ("forward", "backward", "weight")}  # kind -> [(features, span)]
+    for trace in traces:
+        other = trace.get("otherData", {})
+        blocks, rows, measured = other.get("blocks"), other.get("rows"), set(other.get("measured_steps", []))
+        if not blocks or not rows:
+            raise ValueError("a trace gives no micro-batch's rows or stage's blocks: pass traces of this version.")
+        last = len(blocks) - 1
+        computations = sorted((event for event in trace.get("traceEvents", []) if event.get("ph") == "X"
+                               and event.get("cat") in samples and event["args"]["step"] in measured),
+                              key=lambda event: (event["pid"], event["ts"]))
+        for previous, event in zip([None, *computations], computations):
+            stage, size = event["args"]["stage"], rows[event["args"]["micro_batch"]]
+            count, head = blocks[stage], float(stage == last)
+            cold = event["cat"] == "forward" and not (
+                previous is not None and previous["pid"] == event["pid"]
+                and previous["args"]["step"] == event["args"]["step"]
+                and _finds_weights(previous["cat"], previous["args"]["chunk"], event["args"]["chunk"]))
+            features = [count, count * size, head, head * size] + ([cold * count] if event["cat"] == "forward" else [])
+            samples[event["cat"]].append((features, event["dur"]))
+    sizes = {features[1] / features[0] for kind in samples for features, _ in samples[kind] if features[0]}
+    if len(sizes) < 2:
+        raise ValueError("the traces hold one micro-batch size: pass traces of runs at two micro-batch counts or more.")
+    block, head, cold_forward = {}, {}, 0.0
+    for kind, rows_of in samples.items():
+        if not rows_of:
+            raise ValueError(f"the traces have no {kind} spans: pass traces of a script that splits the backward (05).")
+        features = torch.tensor([features for features, _ in rows_of], dtype=torch.float64)
+        spans = torch.tensor([[span] for _, span in rows_of], dtype=torch.float64)
+        solution = torch.linalg.lstsq(features, spans, driver="gelsd").solution.flatten().tolist()
+        block[kind], head[kind] = (solution[0], solution[1]), (solution[2], solution[3])
+        if kind == "forward":
+            cold_forward = max(0.0, solution[4])
+    return RowCosts(block, head, cold_forward)
+
+
+def fit_prices(traces):
+    """One Prices from several traces (fit each): their means, a message's hand-over as a function of its rows
+    (latency_at), the cold forward's more left to RowCosts (a fitted forward is a warm one)."""
+    each = [fit(trace) for trace in traces]
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    outside = tuple(mean([prices.outside[part] for prices in each]) for part in (0, 1))
+    return Prices(mean([p.latency for p in each]), mean([p.per_computation for p in each]),
+                  mean([p.per_message for p in each]), outside, 0.0, 0.0)
+
+
+def latency_at(traces, rows):
+    """A message's hand-over at `rows` rows a micro-batch: the line through each trace's (its mean rows, its fitted
+    latency), as the bytes a message carries grow with its rows (a + b r, b at least 0)."""
+    samples = [(statistics.mean(trace["otherData"]["rows"]), fit(trace).latency) for trace in traces]
+    a, b = _line(samples)
+    return a + b * rows

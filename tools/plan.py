@@ -51,17 +51,31 @@ class Row(NamedTuple):
     error: str = None
     partition: list = None  # with --layers: each stage's blocks
     run_step: float = None  # with --costs-from: the step a run measures, its runtime and optimizer priced (fit.py)
+    micro_batches: int = None  # m, the batch's micro-batches
 
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1])
 parser.error = lambda message: harness.fail(f"{message} (see --help)")  # argparse's own complaints in one line
 harness.flags.declare(parser, "--stages", "--micro-batches", "--virtual-stages")
+parser._option_string_actions["--micro-batches"].type = lambda text: [int(count) for count in text.split(",")]
+parser._option_string_actions["--micro-batches"].default = [8]
+parser._option_string_actions["--micro-batches"].metavar = "M[,M...]"
+parser._option_string_actions["--micro-batches"].help = (
+    "micro-batches each batch is split into, m; several (1,2,4,8,16): a row for each schedule at each, priced at its "
+    "rows (--costs-from two traces or more), and the best of them within --batch-memory")
 cost_flags = parser.add_mutually_exclusive_group()
 cost_flags.add_argument("--costs", default="1,1,1", help="a stage's F, I and W times (a full backward costs I + W), "
                         "and a message's between ranks: F,I,W[,MSG] (1,1,1)")
-cost_flags.add_argument("--costs-from", metavar="TRACE",
+cost_flags.add_argument("--costs-from", metavar="TRACE", nargs="+",
                         help="F, I and W from the --trace of a run: each kind's mean span (with --layers, each "
-                             "stage's own, fitted as a block's cost and the head's)")
+                             "stage's own, fitted as a block's cost and the head's); from the traces of runs at two "
+                             "micro-batch counts or more, a block's and the head's against a micro-batch's rows "
+                             "(tools/fit.py, fit_rows), priced at each --micro-batches' rows of --batch-size")
+parser.add_argument("--batch-size", type=int, help="the batch that --micro-batches split, in samples (default: the "
+                    "traces')")
+parser.add_argument("--batch-memory", type=float, metavar="F",
+                    help="with several --micro-batches: the most activations a rank may hold, in batches of a stage "
+                         "(the peak in micro-batches over m: the same at every m); the best row keeps within it")
 parser.add_argument("--memory", type=float, help="the most activations a rank may hold, in micro-batches of a stage "
                     "(a chunk of a rank holding v is 1/v): rows over it are marked and the search keeps within it "
                     "(default: no mark, and the search holds at most what 1F1B does, n and what an I adds)")
@@ -197,10 +211,10 @@ def priced(rows, args, cost):
     costs (--layers: the row's split's; else the trace's mean spans, a chunk its share), a full backward as the
     schedule's own script runs it (fit.as_run), and holding its blocks (else the trace's blocks shared out evenly).
     The rows as they are if the trace has no step in parts (a trace of another program's)."""
-    _, trace = trace_spans(args.costs_from)
+    _, trace = trace_spans(args.costs_from[0])
     blocks = trace.get("otherData", {}).get("blocks") or [1]
     try:
-        prices = fit.fit(trace)
+        prices = fit.fit(trace) if args.row_costs is None else args.prices
     except ValueError:
         return rows
     rows_priced = []
@@ -331,24 +345,56 @@ def default_memory(num_stages, weight_memory):
 
 def main():
     args = parser.parse_args()
-    for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches),
+    counts = args.micro_batches
+    for flag, value in (("--stages", args.stages), ("--micro-batches", min(counts)),
                         ("--virtual-stages", args.virtual_stages)):
         if value < 1:
             harness.fail(f"{flag} is {value}: pass 1 or more.")
     for flag, path in (("--save", args.save), ("--svg", args.svg)):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             harness.fail(f"{flag} {path}: its folder does not exist.")
-    if args.costs_from and args.layers is None:
-        cost, message = costs.stage_costs(*costs_from_trace(args.costs_from)), 0.0
+    traces = [trace_spans(path)[1] for path in args.costs_from or []]
+    if len(counts) > 1 and len(traces) < 2:
+        harness.fail("several --micro-batches need --costs-from two traces or more, of runs at different micro-batch "
+                     "counts: a micro-batch's cost against its rows.")
+    args.row_costs = None  # with two traces or more: a block's and the head's costs against their rows
+    if len(traces) > 1:
+        try:
+            args.row_costs, args.prices = fit.fit_rows(traces), fit.fit_prices(traces)
+        except ValueError as error:
+            harness.fail(f"--costs-from: {error}")
+        args.layers = sum(traces[0]["otherData"]["blocks"]) if args.layers is None else args.layers
+        args.batch_size = args.batch_size or traces[0]["otherData"].get("batch_size")
+        if not args.batch_size or any(count > args.batch_size for count in counts):
+            harness.fail(f"--micro-batches {','.join(map(str, counts))} must each be at most --batch-size "
+                         f"({args.batch_size}): pass the batch size (the traces' lack it) or fewer micro-batches.")
+    rows = []
+    for count in counts:
+        args.micro_batches = count
+        rows += [row._replace(micro_batches=count) for row in plan_count(args, traces)]
+    report_rows(args, rows, counts)
+
+
+def plan_count(args, traces):
+    """The rows at args.micro_batches: each schedule's, the search's, priced where traces give prices; --save and
+    --svg write the search's (the last count's, where several)."""
+    if args.row_costs is not None:  # a micro-batch of B / m rows
+        rows_a_micro_batch = args.batch_size / args.micro_batches
+        args.costs_of = lambda split: args.row_costs.stage_costs(split, rows_a_micro_batch)
+        args.prices = args.prices._replace(latency=fit.latency_at(traces, rows_a_micro_batch),
+                                           cold_forward=args.row_costs.cold_forward)
+        cost, message = model_costs(args), 0.0
+    elif args.costs_from and args.layers is None:
+        cost, message = costs.stage_costs(*costs_from_trace(args.costs_from[0])), 0.0
     elif args.layers is None:
         try:
             cost, message = costs.parse_costs(args.costs)
         except ValueError as error:
             harness.fail(str(error))
-    if args.layers is not None:  # each stage's costs: measured in a trace and fitted, or counted
-        args.costs_of = fitted_costs(args.costs_from) if args.costs_from else counted(args)
+    else:  # each stage's costs: measured in a trace and fitted, or counted
+        args.costs_of = fitted_costs(args.costs_from[0]) if args.costs_from else counted(args)
         cost, message = model_costs(args), 0.0
-    forward, input_grad, weight = (cost[kind] for kind in KINDS)
+    args.cost, args.message = cost, message
     if args.weight_memory is None:
         layers = harness.flags.FLAGS["--layers"]["default"] if args.layers is None else args.layers
         args.weight_memory = default_weight_memory(layers, args.stages)
@@ -356,22 +402,34 @@ def main():
         harness.fail(f"--weight-memory is {args.weight_memory:g}: pass the share of a micro-batch's activations that "
                      "its I leaves held until its W, a number above 0.")
     harness.flags.check_overlap(args.overlap)
-    memory = default_memory(args.stages, args.weight_memory) if args.memory is None else args.memory
+    args.memory_used = default_memory(args.stages, args.weight_memory) if args.memory is None else args.memory
     placements = (args.placement,) if args.placement else ("loop", "v")
-    rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, memory, placements,
+    rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, args.memory_used, placements,
                 args.weight_memory, args.objective, args.overlap)
     if args.layers is not None:
         rows = [split_row for row in rows for split_row in partitioned(row, args)]
     check_overlap(rows, args, cost)
-    searched = rows[-1]  # with --layers, at its balanced split
+    args.searched = rows[-1]  # with --layers, at its balanced split
     if args.save:
         with open(args.save, "w") as file:
-            file.write(to_csv(searched.tables, searched.placement))
+            file.write(to_csv(args.searched.tables, args.searched.placement))
     if args.svg:
-        write_svg(args.svg, searched, cost if searched.partition is None else
-                  args.costs_of(searched.partition))
+        write_svg(args.svg, args.searched, cost if args.searched.partition is None else
+                  args.costs_of(args.searched.partition))
     if args.costs_from:
         rows = priced(rows, args, cost)
+    return rows
+
+
+def within_batch_memory(row, args):
+    """Whether a row's busiest rank holds at most --batch-memory batches of a stage (True without the flag)."""
+    held = max(row.simulation.peak_inflight) / row.micro_batches  # in batches of a stage
+    return args.batch_memory is None or held <= args.batch_memory + 1e-9
+
+
+def report_rows(args, rows, counts):
+    """Print the rows, the fastest first (a table, or --json a line each); with several counts, the best row
+    within --batch-memory, else the search's recommendation."""
 
     def order(row):
         """A row's place: by the step a run measures where priced, else by the replay's; rows that cannot run last."""
@@ -380,6 +438,8 @@ def main():
         return row.simulation.step if row.run_step is None else row.run_step
 
     rows.sort(key=order)
+    several = len(counts) > 1
+    best = next((row for row in rows if row.simulation is not None and within_batch_memory(row, args)), None)
     if args.json:
         for row in rows:
             fields = {"error": row.error} if row.error else {
@@ -394,30 +454,43 @@ def main():
                 fields.update(partition=row.partition, stage_costs=[
                     {kind: cost[kind] for kind in KINDS}
                     for cost in args.costs_of(row.partition)])
-            print(json.dumps({"schedule": row.schedule, "placement": row.placement, "chunks": row.chunks, **fields}))
+            if several and not row.error:
+                fields.update(batch_memory=max(row.simulation.peak_inflight) / row.micro_batches, best=row is best)
+            print(json.dumps({"schedule": row.schedule, "placement": row.placement, "chunks": row.chunks,
+                              "micro_batches": row.micro_batches, **fields}))
         return
+    forward, input_grad, weight = (args.cost[kind] for kind in KINDS)
     model = (f"--layers {args.layers}, --hidden {args.hidden}, --classes {args.classes}: each stage's counted costs "
              f"(the mean stage's F {forward:.4g}, I {input_grad:.4g}, W {weight:.4g} block forwards)"
-             if args.layers is not None else
-             f"a stage's F {forward:g}, I {input_grad:g}, W {weight:g}, message {message:g}")
-    print(f"n = {args.stages} ranks, m = {args.micro_batches} micro-batches; {model}; the search within memory "
-          f"{memory:g}, an I leaving {args.weight_memory:.4g} of its micro-batch for its W")
+             if args.layers is not None and args.row_costs is None else
+             f"{args.layers} blocks, a batch of {args.batch_size}: each stage's F, I and W fitted against its rows "
+             f"({len(args.costs_from)} traces)" if args.row_costs is not None else
+             f"a stage's F {forward:g}, I {input_grad:g}, W {weight:g}, message {args.message:g}")
+    ms = ",".join(map(str, counts))
+    print(f"n = {args.stages} ranks, m = {ms} micro-batches; {model}; the search within memory "
+          f"{args.memory_used:g}, an I leaving {args.weight_memory:.4g} of its micro-batch for its W")
     priced_too = any(row.run_step is not None for row in rows)  # a column of each row's run_step
-    print(f"{'schedule':<24} {'placement':>9} {'chunks':>6} {'step':>10}" + f" {'run':>10}" * priced_too +
-          f" {'bubble':>7} {'window':>7} {'peak':>6} {'rank 0':>6} {'messages':>8}" +
+    print(f"{'schedule':<24} {'placement':>9} {'chunks':>6}" + f" {'m':>4}" * several + f" {'step':>10}" +
+          f" {'run':>10}" * priced_too + f" {'bubble':>7} {'window':>7} {'peak':>6} {'rank 0':>6} {'messages':>8}" +
           "  partition" * (args.layers is not None))
     for row in rows:
-        start = f"{row.schedule:<24} {row.placement:>9} {row.chunks:>6}"
+        start = f"{row.schedule:<24} {row.placement:>9} {row.chunks:>6}" + f" {row.micro_batches:>4}" * several
         if row.error:
             print(f"{start}  does not run: {row.error}")
             continue
         simulation = row.simulation
         mark = "  over --memory" if over_memory(simulation, args.memory) else ""
+        mark += "  over --batch-memory" if several and not within_batch_memory(row, args) else ""
         blocks = "" if row.partition is None else "  " + ",".join(map(str, row.partition))
         run = f" {row.run_step:>10.1f}" if priced_too else ""
         print(f"{start} {simulation.step:>10.1f}{run} {simulation.bubble:>7.3f} {simulation.bubble_window:>7.3f} "
               f"{max(simulation.peak_inflight):>6g} "
               f"{simulation.peak_inflight[0]:>6g} {max(simulation.messages):>8}{blocks}{mark}")
+    if several:
+        print("best: " + (f"{best.schedule} ({best.placement}, {best.chunks} chunk(s) a rank) at m = "
+                          f"{best.micro_batches}" if best else "no row within --batch-memory"))
+        return
+    searched = args.searched
     saved = f"; its table is in {args.save}: run it with 09_any_schedule.py --schedule {args.save}" * bool(args.save)
     print(f"recommended: search ({searched.placement}, {searched.chunks} chunk(s) a rank){saved}")
 
