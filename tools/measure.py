@@ -504,47 +504,65 @@ of each. Runs: {OVERHEAD_RUNS}.
 # (4c) More micro-batches are not free: 03 and 06 at 2 ranks, the default batch cut into m = 1 to 16 micro-batches.
 SWEEP_MS = (1, 2, 4, 8, 16) if not args.quick else (1, 2, 4)
 SWEEP_RUNS = [("03", "03_1f1b.py"), ("06", "06_zbv.py")]
+# plan.py's prediction: fitted on 05 traced at the sweep's fewest, a middle and its most micro-batches
+fitted_ms = (SWEEP_MS[0], SWEEP_MS[len(SWEEP_MS) // 2], SWEEP_MS[-1])
+sweep_traces = [os.path.join(scratch, f"sweep_05_m{m}.json") for m in fitted_ms]
+for m, path in zip(fitted_ms, sweep_traces):
+    run("05_zero_bubble.py", 2, f"{unsplit} {SPEED_STEPS} --micro-batches {m} --trace {path}")
 sweep = []  # each round: {(name, m): summary}
 for round_ in range(SWEEP_ROUNDS):  # which m runs first alternates
     sweep.append({(name, m): run(script, 2, f"{unsplit} {SPEED_STEPS} --micro-batches {m}")
                   for m in SWEEP_MS[::1 - 2 * (round_ % 2)] for name, script in SWEEP_RUNS})
 speed_flags = dict(zip(SPEED.split()[::2], SPEED.split()[1::2]))  # the default size, flag -> value
 batch = int(speed_flags["--batch-size"])
+planned = [sys.executable, "tools/plan.py", "--stages", "2", "--layers", speed_flags["--layers"], "--hidden",
+           speed_flags["--hidden"], "--batch-size", str(batch), "--micro-batches", ",".join(map(str, SWEEP_MS)),
+           "--costs-from", *sweep_traces, "--json"]
+commands.append(" ".join(planned[1:]).replace(os.path.join(scratch, ""), ""))
+result = subprocess.run(planned, cwd=ROOT, capture_output=True, text=True)
+if result.returncode:
+    sys.exit(f"failed: {' '.join(planned)}\n{result.stderr}")
+SWEEP_TABLES = {"03": "1f1b", "06": "zbv"}  # the table plan.py prices for each script of the sweep
+predicted = {(row["schedule"], row["micro_batches"]): row["run_step"] / 1e3
+             for row in map(json.loads, result.stdout.splitlines())
+             if "run_step" in row and len(set(row["partition"])) == 1}  # each at the even split the script runs
 sweep_rows = []
 for m in SWEEP_MS:
     row = [m, batch // m]
     for name, _ in SWEEP_RUNS:
         runs = [round_[name, m] for round_ in sweep]
         compute = median([max(s["compute_ms"]) for s in runs])
-        row += [f"{median([s['step_ms_median'] for s in runs]):.1f}", f"{compute:.1f}",
-                f"{median([s['bubble_busiest'] for s in runs]):.2f}", f"{runs[0]['bubble_theory']:.2f}"]
+        row += [f"{median([s['step_ms_median'] for s in runs]):.1f}", f"{predicted[SWEEP_TABLES[name], m]:.1f}",
+                f"{compute:.1f}", f"{median([s['bubble_busiest'] for s in runs]):.2f}",
+                f"{runs[0]['bubble_theory']:.2f}"]
     sweep_rows.append(row)
-sweep_header = ["m", "rows", *(f"{name} {column}" for name, _ in SWEEP_RUNS
-                                for column in ("step (ms)", "busiest compute (ms)", "bubble", "theory"))]
+sweep_header = ["m", "rows", *(f"{name} {column}" for name, _ in SWEEP_RUNS for column in (
+    "step (ms)", "plan.py (ms)", "busiest compute (ms)", "bubble", "theory"))]
 marked_tables["micro-batches"] = table(sweep_header, sweep_rows)
 
 
 def sweep_picture(path, rows):
-    """The step against m (log scale) for each script of the sweep, and the busiest rank's bubble beside it."""
+    """The step against m (log scale) for each script of the sweep, measured and as plan.py predicts it (dashed),
+    and the busiest rank's bubble beside it (dashed: the theory's)."""
     left, width, height, gap = 60, 300, 200, 90
-    steps = [float(cell) for row in rows for cell in row[2::4]]
+    steps = [float(cell) for row in rows for start in (2, 3) for cell in row[start::5]]
     top = max(steps) * 1.1
     x = lambda index: left + index * width / max(1, len(rows) - 1)  # noqa: E731
     colours = ["#4e79a7", "#e15759"]
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * (left + width) + gap}" height="{height + 70}" '
              'font-family="monospace" font-size="11"><rect width="100%" height="100%" fill="white"/>',
-             f'<text x="{left}" y="14">step (ms) against m, 2 ranks, a batch of {batch}</text>',
+             f'<text x="{left}" y="14">step (ms) against m, 2 ranks, a batch of {batch} (dashed: plan.py)</text>',
              f'<text x="{2 * left + width + gap}" y="14">busiest rank\'s bubble (dashed: theory)</text>']
-    for panel, (column, scale) in enumerate(((2, top), (4, 1.0))):
+    for panel, (column, scale) in enumerate(((2, top), (5, 1.0))):
         shift = panel * (left + width + gap)
         parts.append(f'<line x1="{shift + left}" y1="{height + 30}" x2="{shift + left + width}" y2="{height + 30}" '
                      'stroke="black"/>')
         parts += [f'<text x="{shift + x(i) - 4}" y="{height + 46}">{row[0]}</text>' for i, row in enumerate(rows)]
         parts.append(f'<text x="{shift + 4}" y="{height + 34}">0</text><text x="{shift + 4}" y="34">{scale:.3g}</text>')
-        lines = ((0, ""),) if panel == 0 else ((0, ""), (1, ' stroke-dasharray="4 3"'))  # the bubble's theory dashed
+        lines = ((0, ""), (1, ' stroke-dasharray="4 3"'))  # plan.py's step, the bubble's theory: dashed
         for series, (name, _) in enumerate(SWEEP_RUNS):
             for offset, dash in lines:
-                values = [float(row[column + offset + 4 * series]) for row in rows]
+                values = [float(row[column + offset + 5 * series]) for row in rows]
                 points = " ".join(f"{shift + x(i):.1f},{30 + height * (1 - value / scale):.1f}"
                                   for i, value in enumerate(values))
                 parts.append(f'<polyline points="{points}" fill="none" stroke="{colours[series]}"{dash}/>')
@@ -558,8 +576,9 @@ sweep_picture(os.path.join(args.out, "docs", "img", "micro_batches.svg"), sweep_
 out.append(f"""## More micro-batches: the step against m
 
 03 and 06 at 2 ranks, the default model and batch cut into m micro-batches, in {SWEEP_ROUNDS} rounds (the order of m
-alternating), medians over the rounds: the step (`step_ms_median`), the busiest rank's compute a step
-(`compute_ms`), its bubble (`bubble_busiest`) and the theory's. `docs/img/micro_batches.svg` draws it.
+alternating), medians over the rounds: the step (`step_ms_median`), plan.py's prediction (`run_step`, fitted on
+05 traced once at m = {", ".join(map(str, fitted_ms))}: a block's F, I and W against its rows), the busiest rank's
+compute a step (`compute_ms`), its bubble (`bubble_busiest`) and the theory's. `docs/img/micro_batches.svg` draws it.
 
 {ran()}
 
