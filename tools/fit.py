@@ -9,6 +9,7 @@ run_step    a table's step as a run measures it (step_ms_mean), in microseconds,
 as_run      a stage's costs with its full backward as the schedule's own script runs it
 """
 
+import collections
 import statistics
 from typing import NamedTuple
 
@@ -273,16 +274,19 @@ def fit_rows(traces):
                 and previous["args"]["step"] == event["args"]["step"]
                 and _finds_weights(previous["cat"], previous["args"]["chunk"], event["args"]["chunk"]))
             features = [count, count * size, head, head * size] + ([cold * count] if event["cat"] == "forward" else [])
-            samples[event["cat"]].append((features, event["dur"]))
-    sizes = {features[1] / features[0] for kind in samples for features, _ in samples[kind] if features[0]}
+            samples[event["cat"]].append((features, event["dur"], (id(trace), stage)))
+    sizes = {features[1] / features[0] for kind in samples for features, _, _ in samples[kind] if features[0]}
     if len(sizes) < 2:
         raise ValueError("the traces hold one micro-batch size: pass traces of runs at two micro-batch counts or more.")
     block, head, cold_forward = {}, {}, 0.0
     for kind, rows_of in samples.items():
         if not rows_of:
             raise ValueError(f"the traces have no {kind} spans: pass traces of a script that splits the backward (05).")
-        features = torch.tensor([features for features, _ in rows_of], dtype=torch.float64)
-        spans = torch.tensor([[span] for _, span in rows_of], dtype=torch.float64)
+        # each trace's stage counts alike, however many micro-batches it ran: the fit is of the sizes, not the events
+        group = collections.Counter(where for _, _, where in rows_of)
+        weights = torch.tensor([[group[where] ** -0.5] for _, _, where in rows_of], dtype=torch.float64)
+        features = weights * torch.tensor([features for features, _, _ in rows_of], dtype=torch.float64)
+        spans = weights * torch.tensor([[span] for _, span, _ in rows_of], dtype=torch.float64)
         solution = torch.linalg.lstsq(features, spans, driver="gelsd").solution.flatten().tolist()
         block[kind], head[kind] = (solution[0], solution[1]), (solution[2], solution[3])
         if kind == "forward":
