@@ -518,7 +518,7 @@ batch = int(speed_flags["--batch-size"])
 planned = [sys.executable, "tools/plan.py", "--stages", "2", "--layers", speed_flags["--layers"], "--hidden",
            speed_flags["--hidden"], "--batch-size", str(batch), "--micro-batches", ",".join(map(str, SWEEP_MS)),
            "--costs-from", *sweep_traces, "--json"]
-commands.append(" ".join(planned[1:]).replace(os.path.join(scratch, ""), ""))
+commands.append("python " + " ".join(planned[1:]).replace(os.path.join(scratch, ""), ""))
 result = subprocess.run(planned, cwd=ROOT, capture_output=True, text=True)
 if result.returncode:
     sys.exit(f"failed: {' '.join(planned)}\n{result.stderr}")

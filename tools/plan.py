@@ -5,6 +5,7 @@ a stage's costs, one row each, the fastest first. No processes: each row is a re
     python tools/plan.py --stages 8 --micro-batches 32 --costs-from /tmp/trace.json --memory 8 --json
     python tools/plan.py --stages 4 --micro-batches 8 --costs 1,2,1 --save plan.csv --svg plan.svg
     python tools/plan.py --stages 2 --micro-batches 8 --layers 16 --hidden 1024 --classes 16384
+    python tools/plan.py --stages 2 --micro-batches 1,2,4,8,16 --costs-from m1.json m4.json m16.json --batch-memory 1
     torchrun --nproc_per_node=4 09_any_schedule.py --schedule plan.csv --micro-batches 8
 
 step: the pipeline's span, first start to last end, in cost units. bubble: the busiest rank's idle share of it, as a
@@ -20,6 +21,10 @@ table as PyTorch's compute_only CSV, which 09 and PyTorch's runtime run.
 With --layers, every stage costs what it holds (theory.counted_costs, in block forwards, or with --costs-from each
 stage's own measured F, I and W, fitted as a block's and the head's; the search is run at the mean stage's), and
 each row comes twice: at --partition's split (even unless given) and at its balanced split.
+With --costs-from the traces of runs at two micro-batch counts or more (of this version: their spans carry their
+rows), a block's and the head's F, I and W are fitted against a micro-batch's rows (tools/fit.py's fit_rows), and
+--micro-batches may name several counts of one --batch-size: a row for each schedule at each (micro_batches), and
+the best of them, the least run step within --batch-memory (a rank's peak in batches of a stage).
 """
 
 import argparse
