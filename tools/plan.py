@@ -131,6 +131,7 @@ def costs_from_trace(path):
     return means
 
 
+@costs.no_cycles
 def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placements=("loop", "v"), weight_memory=1,
          objective="step", overlap=1.0):
     """Every schedule's row on `placements`, and the search's on whichever of them is better by the objective
@@ -348,6 +349,7 @@ def default_memory(num_stages, weight_memory):
     return num_stages + max(0, weight_memory - 1)
 
 
+@costs.no_cycles
 def main():
     args = parser.parse_args()
     counts = args.micro_batches
