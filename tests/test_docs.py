@@ -160,3 +160,17 @@ def test_measure_py_writes_every_marked_table_where_it_lies():
         for name in names:  # each table's end after its beginning
             assert text.index(f"<!-- from measure.py: {name} -->") < text.index(f"<!-- end of measure.py's {name} -->")
     assert set(written) <= set(DOCS), f"measure.py writes into files that are not docs: {set(written) - set(DOCS)}"
+
+
+def test_the_readme_says_what_its_baseline_table_shows():
+    """'What a pipeline buys': the README says one process is faster on cores it can use together, and the table
+    tools/measure.py wrote beneath it shows each pipeline's step over that of one process on the same cores above 1
+    (each baseline over itself 1)."""
+    text = text_of("README.md")
+    assert "one process is faster" in text
+    table = text[text.index("<!-- from measure.py: buys -->"):text.index("<!-- end of measure.py's buys -->")]
+    rows = {cells[0]: cells[1:] for cells in ([cell.strip() for cell in line.strip("|").split("|")]
+                                              for line in table.splitlines()[3:])}
+    assert rows["00 one process, 1 thread"][1] == "1.00" and rows["00 one process, 2 threads"][2] == "1.00", rows
+    pipelines = [name for name in rows if not name.startswith("00")]
+    assert pipelines and all(float(rows[name][2]) > 1 for name in pipelines), rows

@@ -233,6 +233,11 @@ def test_plan_picks_the_micro_batches(tmp_path):
     assert {row["micro_batches"] for row in ran} == {1, 2, 4, 8, 16}
     [best] = [row for row in rows if row.get("best")]
     assert best["run_step"] == min(row["run_step"] for row in ran) and best["micro_batches"] not in (1, 16), best
+    fitted = fit.fit_rows([json.loads(open(path).read()) for path in paths])
+    for row in ran:  # each count's stages at its own rows, a batch of 64 in m micro-batches
+        at_rows = fitted.stage_costs(row["partition"], 64 / row["micro_batches"])
+        for stage, cost in enumerate(row["stage_costs"]):
+            assert cost == pytest.approx({kind: at_rows[stage][kind] for kind in cost}), row
     limit = 0.9 * best["batch_memory"]
     rows = [json.loads(line) for line in python(*command, "--batch-memory", str(limit), check=True).stdout.splitlines()]
     [best] = [row for row in rows if row.get("best")]

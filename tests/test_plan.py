@@ -70,12 +70,11 @@ def test_every_schedule_balanced_at_64_stages_256_micro_batches_and_512_blocks_i
     rows at the even and the balanced split (plan.partitioned) in under 20 s, table and replays included. (The
     search's own time is the test above's.)"""
     model = SimpleNamespace(layers=512, hidden=1024, classes=16384, partition="even", weight_memory=1, overlap=1.0)
-    model.costs_of = counted(model)  # plan.py's counted costs for it
     for name, (_, placement) in schedules.SCHEDULES.items():
         chunks = 2 if schedules.takes_virtual_stages(name) or placement == "v" else 1
         start = time.perf_counter()
         row = Row(name, placement, chunks, schedules.table(name, 64, 256, chunks))
-        even, balanced = partitioned(row, model)
+        even, balanced = partitioned(row, model, counted(model))  # at plan.py's counted costs for it
         elapsed = time.perf_counter() - start
         assert even.partition == [8 // chunks] * 64 * chunks, name
         assert balanced.simulation.step < even.simulation.step and sum(balanced.partition) == 512, name

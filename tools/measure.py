@@ -26,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 sys.path.insert(0, ROOT)  # the lesson's modules, and tools as a package
 import schedules  # noqa: E402
 from harness.meters import COMPUTE  # noqa: E402
+from harness.pictures import COLOURS  # noqa: E402
 from tools import fit, paper  # noqa: E402
 from tools.held import held_count, held_theory  # noqa: E402
 
@@ -128,7 +129,7 @@ out = []  # the sections of measured.md, in order
 # Each file's tables between markers, <!-- from measure.py: NAME --> ... <!-- end of measure.py's NAME -->, by name;
 # tests/test_docs.py reads this mapping and checks that every file has the markers of its names, and no others.
 MARKED = {"README.md": ["paced", "accounting", "buys"],
-          "docs/design.md": ["pytorch", "micro-batches", "partition", "schedules", "recompute"],
+          "docs/design.md": ["pytorch", "micro-batches", "rows", "partition", "schedules", "recompute"],
           "docs/planning.md": ["plan", "paper", "dualpipe", "predict"]}
 marked_tables = {}  # NAME -> its table (or lines), as measured in this run
 
@@ -504,11 +505,13 @@ of each. Runs: {OVERHEAD_RUNS}.
 # (4c) More micro-batches are not free: 03 and 06 at 2 ranks, the default batch cut into m = 1 to 16 micro-batches.
 SWEEP_MS = (1, 2, 4, 8, 16) if not args.quick else (1, 2, 4)
 SWEEP_RUNS = [("03", "03_1f1b.py"), ("06", "06_zbv.py")]
-# plan.py's prediction: fitted on 05 traced at the sweep's fewest, a middle and its most micro-batches
+# plan.py's prediction: fitted on 05 traced at the sweep's fewest, a middle and its most micro-batches; 05 is
+# traced at every m of the sweep, for a block's time against its rows (the others are the fit's check)
 fitted_ms = (SWEEP_MS[0], SWEEP_MS[len(SWEEP_MS) // 2], SWEEP_MS[-1])
-sweep_traces = [os.path.join(scratch, f"sweep_05_m{m}.json") for m in fitted_ms]
-for m, path in zip(fitted_ms, sweep_traces):
+rows_traces = {m: os.path.join(scratch, f"sweep_05_m{m}.json") for m in SWEEP_MS}
+for m, path in rows_traces.items():
     run("05_zero_bubble.py", 2, f"{unsplit} {SPEED_STEPS} --micro-batches {m} --trace {path}")
+sweep_traces = [rows_traces[m] for m in fitted_ms]
 sweep = []  # each round: {(name, m): summary}
 for round_ in range(SWEEP_ROUNDS):  # which m runs first alternates
     sweep.append({(name, m): run(script, 2, f"{unsplit} {SPEED_STEPS} --micro-batches {m}")
@@ -532,7 +535,7 @@ for m in SWEEP_MS:
     for name, _ in SWEEP_RUNS:
         runs = [round_[name, m] for round_ in sweep]
         compute = median([max(s["compute_ms"]) for s in runs])
-        row += [f"{median([s['step_ms_median'] for s in runs]):.1f}", f"{predicted[SWEEP_TABLES[name], m]:.1f}",
+        row += [f"{median([s['step_ms_mean'] for s in runs]):.1f}", f"{predicted[SWEEP_TABLES[name], m]:.1f}",
                 f"{compute:.1f}", f"{median([s['bubble_busiest'] for s in runs]):.2f}",
                 f"{runs[0]['bubble_theory']:.2f}"]
     sweep_rows.append(row)
@@ -573,16 +576,81 @@ def sweep_picture(path, rows):
 
 
 sweep_picture(os.path.join(args.out, "docs", "img", "micro_batches.svg"), sweep_rows)
+
+# A block's time a row against its rows: 05's trace at each m of the sweep, stage 0 (blocks, no head), each kind's
+# mean span over its blocks and rows, beside what the fit on the three traces above prices it at (the fit's forward
+# at that run's share of cold forwards); the other m are not in the fit
+with_rows = {}
+for m, path in rows_traces.items():
+    with open(path) as file:
+        with_rows[m] = json.load(file)
+row_costs = fit.fit_rows([with_rows[m] for m in fitted_ms])
+ROW_KINDS = {"forward": "F", "backward": "I", "weight": "W"}
+per_row = []  # m, rows, fitted on, then each kind's measured and fitted microseconds a block a row
+for m, trace in with_rows.items():
+    blocks, size = trace["otherData"]["blocks"], statistics.mean(trace["otherData"]["rows"])
+    measured_steps = set(trace["otherData"]["measured_steps"])
+    priced_at = row_costs.stage_costs(blocks, size)[0]
+    cells = [m, f"{size:g}", "yes" if m in fitted_ms else "no"]
+    for kind in ROW_KINDS:
+        spans = [event["dur"] for event in trace["traceEvents"] if event.get("ph") == "X" and event.get("cat") == kind
+                 and event["args"]["stage"] == 0 and event["args"]["step"] in measured_steps]
+        fitted = priced_at[kind] + (kind == "forward") * row_costs.cold_forward * blocks[0] * fit.fit(trace).cold_share
+        cells += [f"{statistics.mean(spans) / blocks[0] / size:.2f}", f"{fitted / blocks[0] / size:.2f}"]
+    per_row.append(cells)
+per_row_header = ["m", "rows", "in the fit", *(f"{name} {column}" for name in ROW_KINDS.values()
+                                                for column in ("measured (µs)", "fitted (µs)"))]
+marked_tables["rows"] = table(per_row_header, per_row)
+
+
+def rows_picture(path, rows):
+    """A block's time a row (µs) against a micro-batch's rows (log scale), each kind measured (dots: filled where
+    the fit saw the run) and fitted (dashed)."""
+    left, width, height = 60, 420, 200
+    values = [float(cell) for row in rows for cell in row[3:]]
+    top = max(values) * 1.1
+    sizes = sorted(float(row[1]) for row in rows)
+    span = math.log2(sizes[-1] / sizes[0]) or 1
+    x = lambda size: left + width * math.log2(size / sizes[0]) / span  # noqa: E731
+    y = lambda value: 30 + height * (1 - value / top)  # noqa: E731
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 80}" height="{height + 70}" '
+             'font-family="monospace" font-size="11"><rect width="100%" height="100%" fill="white"/>',
+             f'<text x="{left}" y="14">a block\'s time a row (µs) against its rows, 05 on 2 ranks '
+             '(dashed: fitted)</text>',
+             f'<line x1="{left}" y1="{height + 30}" x2="{left + width}" y2="{height + 30}" stroke="black"/>',
+             f'<text x="4" y="{height + 34}">0</text><text x="4" y="34">{top:.3g}</text>']
+    parts += [f'<text x="{x(size) - 8:.1f}" y="{height + 46}">{size:g}</text>' for size in sizes]
+    for index, (kind, name) in enumerate(ROW_KINDS.items()):
+        colour = COLOURS[kind]
+        ordered = sorted(rows, key=lambda row: float(row[1]))
+        for offset, dash in ((0, ""), (1, ' stroke-dasharray="4 3"')):
+            points = " ".join(f"{x(float(row[1])):.1f},{y(float(row[3 + 2 * index + offset])):.1f}" for row in ordered)
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}"{dash}/>')
+        parts += [f'<circle cx="{x(float(row[1])):.1f}" cy="{y(float(row[3 + 2 * index])):.1f}" r="3" '
+                  f'stroke="{colour}" fill="{colour if row[2] == "yes" else "white"}"/>' for row in ordered]
+        parts.append(f'<text x="{left + width + 10}" y="{40 + 14 * index}" fill="{colour}">{name}</text>')
+    with open(path, "w") as file:
+        file.write("\n".join(parts + ["</svg>"]) + "\n")
+
+
+rows_picture(os.path.join(args.out, "docs", "img", "rows.svg"), per_row)
 out.append(f"""## More micro-batches: the step against m
 
 03 and 06 at 2 ranks, the default model and batch cut into m micro-batches, in {SWEEP_ROUNDS} rounds (the order of m
-alternating), medians over the rounds: the step (`step_ms_median`), plan.py's prediction (`run_step`, fitted on
-05 traced once at m = {", ".join(map(str, fitted_ms))}: a block's F, I and W against its rows), the busiest rank's
+alternating), medians over the rounds: the step (`step_ms_mean`, the run's period: a step's share of the run's time,
+as plan.py's `run_step` prices it), plan.py's prediction (`run_step`, fitted on 05 traced once at
+m = {", ".join(map(str, fitted_ms))}: a block's F, I and W against its rows), the busiest rank's
 compute a step (`compute_ms`), its bubble (`bubble_busiest`) and the theory's. `docs/img/micro_batches.svg` draws it.
 
 {ran()}
 
-{table(sweep_header, sweep_rows)}""")
+{table(sweep_header, sweep_rows)}
+
+A block's time a row against a micro-batch's rows, from 05's trace at each m (stage 0: blocks, no head), each
+kind's mean span over its blocks and rows, beside the fit on the runs at m = {", ".join(map(str, fitted_ms))}
+(`tools/fit.py`'s `fit_rows`, its forward at that run's share of cold forwards). `docs/img/rows.svg` draws it.
+
+{table(per_row_header, per_row)}""")
 
 # (4d) What a pipeline buys: the baseline in one process, on one thread and on the pipelines' two cores, beside them.
 BUYS_RUNS = [("00 one process, 1 thread", "00_baseline.py", 1, f"{unsplit} --threads 1"),
@@ -593,8 +661,8 @@ buys = [[run(script, ranks, f"{flags} {SPEED_STEPS}") for _, script, ranks, flag
         for _ in range(SWEEP_ROUNDS)]
 buys_rows = []
 for index, (name, *_) in enumerate(BUYS_RUNS):
-    steps = [round_[index]["step_ms_median"] for round_ in buys]
-    over = [[round_[index]["step_ms_median"] / round_[base]["step_ms_median"] for round_ in buys] for base in (0, 1)]
+    steps = [round_[index]["step_ms_mean"] for round_ in buys]
+    over = [[round_[index]["step_ms_mean"] / round_[base]["step_ms_mean"] for round_ in buys] for base in (0, 1)]
     buys_rows.append([name, f"{median(steps):.1f}", f"{median(over[0]):.2f}", f"{median(over[1]):.2f}"])
 buys_header = ["the default model and batch", "step (ms)", "over one thread", "over one process on the same cores"]
 marked_tables["buys"] = table(buys_header, buys_rows)
@@ -602,7 +670,8 @@ out.append(f"""## What a pipeline buys
 
 The baseline in one process, on one thread and on two (the cores two ranks of one thread use), beside 03 and 06
 on those two cores (m = {speed_flags['--micro-batches']}), in {SWEEP_ROUNDS} rounds, each row once a round in this
-order; the ratios are medians over the rounds of a row's step over that round's baseline.
+order: the step is `step_ms_mean`, the run's period; the ratios are medians over the rounds of a row's step over
+that round's baseline.
 
 {ran()}
 

@@ -55,6 +55,7 @@ class Row(NamedTuple):
     simulation: costs.Simulation = None
     error: str = None
     partition: list = None  # with --layers: each stage's blocks
+    stage_costs: list = None  # with --layers: each stage's {kind: cost} at that split
     run_step: float = None  # with --costs-from: the step a run measures, its runtime and optimizer priced (fit.py)
     micro_batches: int = None  # m, the batch's micro-batches
 
@@ -160,7 +161,7 @@ def plan(num_ranks, num_microbatches, num_chunks, cost, message, memory, placeme
     return rows + [searched]
 
 
-def check_overlap(rows, args, cost):
+def check_overlap(rows, overlap, cost):
     """--overlap no less than any row's F&B steps allow at the costs it was replayed at, or one sentence."""
     for row in rows:
         if row.tables is None:
@@ -170,9 +171,9 @@ def check_overlap(rows, args, cost):
         def stage_of(rank, chunk):
             return theory.stage(row.placement, num_ranks, rank, chunk)
 
-        stage_costs = cost if row.partition is None else args.costs_of(row.partition)
+        stage_costs = cost if row.stage_costs is None else row.stage_costs
         least = theory.least_overlap(row.tables, stage_of, num_ranks * row.chunks, stage_costs)
-        harness.flags.check_overlap(args.overlap, least, f"{row.schedule}'s F&B steps at these costs")
+        harness.flags.check_overlap(overlap, least, f"{row.schedule}'s F&B steps at these costs")
 
 
 def split(args, num_stages):
@@ -187,9 +188,9 @@ def split(args, num_stages):
     return blocks
 
 
-def partitioned(row, args):
-    """A row at the stages' counted costs: at --partition's split (unless it is balanced) and at the balanced split
-    of its table, one row each (one if the two are the same)."""
+def partitioned(row, args, costs_of):
+    """A row at the stages' costs (costs_of: a split's blocks -> each stage's {kind: cost}): at --partition's split
+    (unless it is balanced) and at the balanced split of its table, one row each (one if the two are the same)."""
     if row.error:
         return [row]
     num_ranks, num_stages = len(row.tables), len(row.tables) * row.chunks
@@ -202,25 +203,26 @@ def partitioned(row, args):
     except ValueError as error:
         return [row._replace(error=str(error))]
     balanced = theory.balanced(args.layers, row.tables, stage_of, num_stages, args.hidden, args.classes,
-                               costs_of=args.costs_of)
+                               costs_of=costs_of)
     rows = []
     for blocks in splits + [balanced] * (balanced not in splits):
-        stage_costs = args.costs_of(blocks)
-        rows.append(row._replace(partition=blocks, simulation=costs.simulate(
+        stage_costs = costs_of(blocks)
+        rows.append(row._replace(partition=blocks, stage_costs=stage_costs, simulation=costs.simulate(
             row.tables, row.placement, row.chunks, stage_costs, weight_memory=args.weight_memory,
             overlap=args.overlap)))
     return rows
 
 
-def priced(rows, args, cost):
+def priced(rows, args, cost, prices=None):
     """With --costs-from: each row with its run_step, at the trace's fitted prices (fit.py): each stage at its
     costs (--layers: the row's split's; else the trace's mean spans, a chunk its share), a full backward as the
-    schedule's own script runs it (fit.as_run), and holding its blocks (else the trace's blocks shared out evenly).
-    The rows as they are if the trace has no step in parts (a trace of another program's)."""
+    schedule's own script runs it (fit.as_run), and holding its blocks (else the trace's blocks shared out evenly);
+    at `prices` where given (several traces'), else the trace's. The rows as they are if the trace has no step in
+    parts (a trace of another program's)."""
     _, trace = trace_spans(args.costs_from[0])
     blocks = trace.get("otherData", {}).get("blocks") or [1]
     try:
-        prices = fit.fit(trace) if args.row_costs is None else args.prices
+        prices = prices or fit.fit(trace)
     except ValueError:
         return rows
     rows_priced = []
@@ -233,7 +235,7 @@ def priced(rows, args, cost):
             stage_costs = [{kind: value / row.chunks for kind, value in cost.items()}] * num_stages
             stage_blocks = [sum(blocks) / num_stages] * num_stages
         else:
-            stage_costs, stage_blocks = args.costs_of(row.partition), row.partition
+            stage_costs, stage_blocks = row.stage_costs, row.partition
         stage_costs = [fit.as_run(cost, row.schedule) for cost in stage_costs]
         rows_priced.append(row._replace(run_step=fit.run_step(row.tables, row.placement, row.chunks, stage_costs,
                                                               prices, stage_blocks)))
@@ -282,7 +284,7 @@ def counted(args):
     return costs_of
 
 
-def model_costs(args):
+def model_costs(args, costs_of):
     """The mean stage's costs (the search's): the whole model's, shared by --stages. Checks the model flags."""
     for flag in ("layers", "hidden", "classes"):
         if getattr(args, flag) < 1:
@@ -291,7 +293,7 @@ def model_costs(args):
                                                                for count in args.partition.split(",")):
         harness.fail(f"--partition takes even, balanced, or each stage's blocks as whole numbers N0,N1,..., "
                      f"not {args.partition}.")
-    whole = args.costs_of([args.layers])[0]
+    whole = costs_of([args.layers])[0]
     return {kind: cost / args.stages for kind, cost in whole.items()}
 
 
@@ -364,10 +366,10 @@ def main():
     if len(counts) > 1 and len(traces) < 2:
         harness.fail("several --micro-batches need --costs-from two traces or more, of runs at different micro-batch "
                      "counts: a micro-batch's cost against its rows.")
-    args.row_costs = None  # with two traces or more: a block's and the head's costs against their rows
+    fitted = None  # with several traces: each kind's costs against a micro-batch's rows (RowCosts), and the prices
     if len(traces) > 1:
         try:
-            args.row_costs, args.prices = fit.fit_rows(traces), fit.fit_prices(traces)
+            fitted = fit.fit_rows(traces), fit.fit_prices(traces)
         except ValueError as error:
             harness.fail(f"--costs-from: {error}")
         args.layers = sum(traces[0]["otherData"]["blocks"]) if args.layers is None else args.layers
@@ -375,22 +377,43 @@ def main():
         if not args.batch_size or any(count > args.batch_size for count in counts):
             harness.fail(f"--micro-batches {','.join(map(str, counts))} must each be at most --batch-size "
                          f"({args.batch_size}): pass the batch size (the traces' lack it) or fewer micro-batches.")
+    if args.weight_memory is None:
+        layers = harness.flags.FLAGS["--layers"]["default"] if args.layers is None else args.layers
+        args.weight_memory = default_weight_memory(layers, args.stages)
+    if not 0 < args.weight_memory < math.inf:
+        harness.fail(f"--weight-memory is {args.weight_memory:g}: pass the share of a micro-batch's activations that "
+                     "its I leaves held until its W, a number above 0.")
+    harness.flags.check_overlap(args.overlap)
+    memory = default_memory(args.stages, args.weight_memory) if args.memory is None else args.memory
     rows = []
     for count in counts:
-        args.micro_batches = count
-        rows += [row._replace(micro_batches=count) for row in plan_count(args, traces)]
-    report_rows(args, rows, counts)
+        count_rows, cost, message = plan_count(args, count, memory, fitted)
+        rows += count_rows
+    searched = rows[-1]  # the search's (with --layers, at its balanced split), at the last count
+    if args.save:
+        with open(args.save, "w") as file:
+            file.write(to_csv(searched.tables, searched.placement))
+    if args.svg:
+        write_svg(args.svg, searched, cost if searched.stage_costs is None else searched.stage_costs)
+    model = describe(args, cost, message, fitted)
+    print_rows(args, rows, counts, f"{model}; the search within memory {memory:g}, an I leaving "
+               f"{args.weight_memory:.4g} of its micro-batch for its W", searched)
 
 
-def plan_count(args, traces):
-    """The rows at args.micro_batches: each schedule's, the search's, priced where traces give prices; --save and
-    --svg write the search's (the last count's, where several)."""
-    if args.row_costs is not None:  # a micro-batch of B / m rows
-        rows_a_micro_batch = args.batch_size / args.micro_batches
-        args.costs_of = lambda split: args.row_costs.stage_costs(split, rows_a_micro_batch)
-        args.prices = args.prices._replace(latency=fit.latency_at(traces, rows_a_micro_batch),
-                                           cold_forward=args.row_costs.cold_forward)
-        cost, message = model_costs(args), 0.0
+def plan_count(args, count, memory, fitted):
+    """The rows at `count` micro-batches: each schedule's and the search's (last), priced where traces give prices
+    (fitted: several traces' RowCosts and Prices); and the mean stage's costs and the message's the search ran at."""
+    prices = None
+    if fitted is not None:  # a micro-batch of B / m rows
+        row_costs, prices = fitted
+        rows_a_micro_batch = args.batch_size / count
+
+        def costs_of(split):
+            return row_costs.stage_costs(split, rows_a_micro_batch)
+
+        prices = prices._replace(latency=row_costs.latency_at(rows_a_micro_batch),
+                                 cold_forward=row_costs.cold_forward)
+        cost, message = model_costs(args, costs_of), 0.0
     elif args.costs_from and args.layers is None:
         cost, message = costs.stage_costs(*costs_from_trace(args.costs_from[0])), 0.0
     elif args.layers is None:
@@ -399,33 +422,29 @@ def plan_count(args, traces):
         except ValueError as error:
             harness.fail(str(error))
     else:  # each stage's costs: measured in a trace and fitted, or counted
-        args.costs_of = fitted_costs(args.costs_from[0]) if args.costs_from else counted(args)
-        cost, message = model_costs(args), 0.0
-    args.cost, args.message = cost, message
-    if args.weight_memory is None:
-        layers = harness.flags.FLAGS["--layers"]["default"] if args.layers is None else args.layers
-        args.weight_memory = default_weight_memory(layers, args.stages)
-    if not 0 < args.weight_memory < math.inf:
-        harness.fail(f"--weight-memory is {args.weight_memory:g}: pass the share of a micro-batch's activations that "
-                     "its I leaves held until its W, a number above 0.")
-    harness.flags.check_overlap(args.overlap)
-    args.memory_used = default_memory(args.stages, args.weight_memory) if args.memory is None else args.memory
+        costs_of = fitted_costs(args.costs_from[0]) if args.costs_from else counted(args)
+        cost, message = model_costs(args, costs_of), 0.0
     placements = (args.placement,) if args.placement else ("loop", "v")
-    rows = plan(args.stages, args.micro_batches, args.virtual_stages, cost, message, args.memory_used, placements,
-                args.weight_memory, args.objective, args.overlap)
+    rows = plan(args.stages, count, args.virtual_stages, cost, message, memory, placements, args.weight_memory,
+                args.objective, args.overlap)
     if args.layers is not None:
-        rows = [split_row for row in rows for split_row in partitioned(row, args)]
-    check_overlap(rows, args, cost)
-    args.searched = rows[-1]  # with --layers, at its balanced split
-    if args.save:
-        with open(args.save, "w") as file:
-            file.write(to_csv(args.searched.tables, args.searched.placement))
-    if args.svg:
-        write_svg(args.svg, args.searched, cost if args.searched.partition is None else
-                  args.costs_of(args.searched.partition))
+        rows = [split_row for row in rows for split_row in partitioned(row, args, costs_of)]
+    check_overlap(rows, args.overlap, cost)
     if args.costs_from:
-        rows = priced(rows, args, cost)
-    return rows
+        rows = priced(rows, args, cost, prices)
+    return [row._replace(micro_batches=count) for row in rows], cost, message
+
+
+def describe(args, cost, message, fitted):
+    """The costs the rows were replayed at, in words."""
+    forward, input_grad, weight = (cost[kind] for kind in KINDS)
+    if fitted is not None:
+        return (f"{args.layers} blocks, a batch of {args.batch_size}: each stage's F, I and W fitted against its rows "
+                f"({len(args.costs_from)} traces)")
+    if args.layers is not None:
+        return (f"--layers {args.layers}, --hidden {args.hidden}, --classes {args.classes}: each stage's counted costs "
+                f"(the mean stage's F {forward:.4g}, I {input_grad:.4g}, W {weight:.4g} block forwards)")
+    return f"a stage's F {forward:g}, I {input_grad:g}, W {weight:g}, message {message:g}"
 
 
 def within_batch_memory(row, args):
@@ -434,9 +453,9 @@ def within_batch_memory(row, args):
     return args.batch_memory is None or held <= args.batch_memory + 1e-9
 
 
-def report_rows(args, rows, counts):
-    """Print the rows, the fastest first (a table, or --json a line each); with several counts, the best row
-    within --batch-memory, else the search's recommendation."""
+def print_rows(args, rows, counts, header, searched):
+    """Print the rows, the fastest first (a table under the header, or --json a line each); with several counts, the
+    best row within --batch-memory, else the search's recommendation."""
 
     def order(row):
         """A row's place: by the step a run measures where priced, else by the replay's; rows that cannot run last."""
@@ -460,22 +479,13 @@ def report_rows(args, rows, counts):
             if row.partition is not None:
                 fields.update(partition=row.partition, stage_costs=[
                     {kind: cost[kind] for kind in KINDS}
-                    for cost in args.costs_of(row.partition)])
+                    for cost in row.stage_costs])
             if several and not row.error:
                 fields.update(batch_memory=max(row.simulation.peak_inflight) / row.micro_batches, best=row is best)
             print(json.dumps({"schedule": row.schedule, "placement": row.placement, "chunks": row.chunks,
                               "micro_batches": row.micro_batches, **fields}))
         return
-    forward, input_grad, weight = (args.cost[kind] for kind in KINDS)
-    model = (f"--layers {args.layers}, --hidden {args.hidden}, --classes {args.classes}: each stage's counted costs "
-             f"(the mean stage's F {forward:.4g}, I {input_grad:.4g}, W {weight:.4g} block forwards)"
-             if args.layers is not None and args.row_costs is None else
-             f"{args.layers} blocks, a batch of {args.batch_size}: each stage's F, I and W fitted against its rows "
-             f"({len(args.costs_from)} traces)" if args.row_costs is not None else
-             f"a stage's F {forward:g}, I {input_grad:g}, W {weight:g}, message {args.message:g}")
-    ms = ",".join(map(str, counts))
-    print(f"n = {args.stages} ranks, m = {ms} micro-batches; {model}; the search within memory "
-          f"{args.memory_used:g}, an I leaving {args.weight_memory:.4g} of its micro-batch for its W")
+    print(f"n = {args.stages} ranks, m = {','.join(map(str, counts))} micro-batches; {header}")
     priced_too = any(row.run_step is not None for row in rows)  # a column of each row's run_step
     print(f"{'schedule':<24} {'placement':>9} {'chunks':>6}" + f" {'m':>4}" * several + f" {'step':>10}" +
           f" {'run':>10}" * priced_too + f" {'bubble':>7} {'window':>7} {'peak':>6} {'rank 0':>6} {'messages':>8}" +
@@ -497,7 +507,6 @@ def report_rows(args, rows, counts):
         print("best: " + (f"{best.schedule} ({best.placement}, {best.chunks} chunk(s) a rank) at m = "
                           f"{best.micro_batches}" if best else "no row within --batch-memory"))
         return
-    searched = args.searched
     saved = f"; its table is in {args.save}: run it with 09_any_schedule.py --schedule {args.save}" * bool(args.save)
     print(f"recommended: search ({searched.placement}, {searched.chunks} chunk(s) a rank){saved}")
 
