@@ -68,10 +68,11 @@ FLAGS = {
 }
 
 
-def declare(parser, *flags, **help_fields):
-    """Add these flags of FLAGS to parser; help_fields fill in the names their help mentions."""
+def declare(parser, *flags, changed=None, **help_fields):
+    """Add these flags of FLAGS to parser; help_fields fill in the names their help mentions. changed: flag -> the
+    keywords a program takes it with instead of FLAGS' (plan.py's --micro-batches: several counts)."""
     for flag in flags:
-        keywords = dict(FLAGS[flag])
+        keywords = dict(FLAGS[flag]) | (changed or {}).get(flag, {})
         keywords["help"] = keywords["help"].format(**help_fields)
         parser.add_argument(flag, **keywords)
 

@@ -67,10 +67,10 @@ def micro_batch_counts(text):
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1])
 parser.error = lambda message: harness.fail(f"{message} (see --help)")  # argparse's own complaints in one line
-harness.flags.declare(parser, "--stages", "--virtual-stages")
-parser.add_argument("--micro-batches", type=micro_batch_counts, default=[8], metavar="M[,M...]", help=(
-    "micro-batches each batch is split into, m; several (1,2,4,8,16): a row for each schedule at each, priced at its "
-    "rows (--costs-from two traces or more), and the best of them within --batch-memory"))
+harness.flags.declare(parser, "--stages", "--micro-batches", "--virtual-stages", changed={"--micro-batches": dict(
+    type=micro_batch_counts, default=[8], metavar="M[,M...]", help="micro-batches each batch is split into, m; "
+    "several (1,2,4,8,16): a row for each schedule at each, priced at its rows (--costs-from two traces or more), and "
+    "the best of them within --batch-memory")})
 cost_flags = parser.add_mutually_exclusive_group()
 cost_flags.add_argument("--costs", default="1,1,1", help="a stage's F, I and W times (a full backward costs I + W), "
                         "and a message's between ranks: F,I,W[,MSG] (1,1,1)")
