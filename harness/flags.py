@@ -92,19 +92,19 @@ HELPS = {
 }
 METAVARS = {"--data-parallel": "D", "--tensor-parallel": "T"}
 CHOICES = {"--dtype": ("float32", "float64")}
-_taken = {}  # the script's flags, dest -> its argparse action, as add_flags found them
 
 
 def add_flags(parser, schedules):
     """The harness's part of a script's parser (common.parse_args, through startup.add_flags), before it parses: what
     each of the lesson's flags means, the harness's own flags, and argparse's complaints as one sentence. schedules:
-    the module whose tables 09's --schedule names."""
+    the module whose tables 09's --schedule names. Returns the lesson's flags it found, by their dest (check_args)."""
     parser.description = parser.description.split("\n\n")[0]
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.error = lambda message: fail(f"{message} (see --help)")
+    taken = set()
     for action in parser._actions[1:]:  # the lesson's, after -h
         flag = action.option_strings[0]
-        _taken[action.dest] = action
+        taken.add(action.dest)
         keywords = FLAGS.get(flag, dict(help=HELPS.get(flag), metavar=METAVARS.get(flag)))
         action.help = keywords["help"].format(schedules=", ".join(schedules.SCHEDULES))
         action.metavar, action.choices = keywords.get("metavar", action.metavar), CHOICES.get(flag)
@@ -116,7 +116,7 @@ def add_flags(parser, schedules):
         parser.add_argument("--sync-sends", action="store_true",
                             help="NCCL's rules on gloo: a rank's groups run in turn, each done once its sends are "
                                  "received, and tags are ignored")
-    if "schedule" in _taken:  # 09
+    if "schedule" in taken:  # 09
         declare(parser, "--overlap")
     parser.add_argument("--pace", type=float, default=0.0, metavar="MS",
                         help="pad every forward, backward and weight-gradient span by sleeping, to MS milliseconds "
@@ -131,15 +131,16 @@ def add_flags(parser, schedules):
     parser.add_argument("--no-instrument", action="store_true", help="skip the timing and memory hooks (their cost)")
     parser.add_argument("--overhead", action="store_true",
                         help="instrument the even steps only, and compare their time with the odd steps'")
+    return taken
 
 
-def check_args(args, schedules):
+def check_args(args, schedules, taken):
     """Each mistake in the flags, or in how the run was started, ends it with one sentence (common.parse_args, once
-    parsed); returns the flags. 09 (--schedule): the table must suit the layout (schedules.load); sets
-    args.placement and its chunks."""
-    if "schedule" in _taken:
+    parsed); returns the flags. taken: the lesson's flags the script takes (add_flags). 09 (--schedule): the table
+    must suit the layout (schedules.load); sets args.placement and its chunks."""
+    if "schedule" in taken:
         _check_schedule(args, schedules)
-    _check(args, args.one_process, "virtual_stages" in _taken and "schedule" not in _taken)
+    _check(args, args.one_process, "virtual_stages" in taken and "schedule" not in taken)
     return args
 
 

@@ -12,9 +12,9 @@ def add_flags(parser):
     """common.parse_args's parser, before it parses: the harness's flags and what each flag means (flags.add_flags);
     once parsed, each mistake one sentence (flags.check_args, 09's table against the layout too), then this rank's
     cores and threads (startup.before_setup)."""
-    flags.add_flags(parser, schedules)
+    taken = flags.add_flags(parser, schedules)  # the lesson's flags this script takes
     parse = parser.parse_args
-    parser.parse_args = lambda: before_setup(flags.check_args(parse(), schedules))
+    parser.parse_args = lambda: before_setup(flags.check_args(parse(), schedules, taken))
 
 
 def plan_stages(args, rank, num_ranks, stage_of):
