@@ -213,6 +213,18 @@ def test_fit_rows_recovers_the_costs_the_traces_were_made_at():
         fit.fit_rows([rows_trace("zb-h1", 2, 4, [4, 4])] * 2)
 
 
+def test_prices_at_a_micro_batchs_rows(monkeypatch):
+    """A message's hand-over grows with its rows: fit_rows draws the line through each trace's against its rows, and
+    prices_at gives it at any rows, beside the traces' mean runtime prices and the cold forward's more."""
+    traces = [rows_trace("zb-h1", 2, m, [4, 4]) for m in (1, 4, 16)]  # 64, 16 and 4 rows
+    each = fit.fit
+    monkeypatch.setattr(fit, "fit", lambda trace: each(trace)._replace(
+        latency=100 + 2 * statistics.mean(trace["otherData"]["rows"])))
+    prices = fit.fit_rows(traces).prices_at(32)
+    assert prices.latency == pytest.approx(164) and prices.cold_forward == pytest.approx(COLD)
+    assert prices.per_computation == pytest.approx(statistics.mean(each(trace).per_computation for trace in traces))
+
+
 def written(tmp_path, traces):
     paths = []
     for index, trace in enumerate(traces):

@@ -233,11 +233,13 @@ class RowCosts(NamedTuple):
     """F, I and W against a micro-batch's rows, fitted over several traces (fit_rows), in microseconds: each kind's
     (a, b) of a block, a + b r at r rows (a: what a block pays whatever its rows, its weights read again and its
     calls; b: a row's arithmetic), and the head's (c, d) likewise; a cold forward's more a block (cold_forward);
-    and a message's hand-over (a, b) likewise, as its bytes grow with its rows."""
+    a message's hand-over (a, b) likewise, as its bytes grow with its rows; and the runtime's prices, the traces'
+    means (prices_at gives them at a micro-batch's rows)."""
     block: dict  # kind -> (a, b)
     head: dict  # kind -> (c, d)
     cold_forward: float
     latency: tuple = (0.0, 0.0)  # (a, b)
+    prices: Prices = None
 
     def stage_costs(self, split, rows):
         """Each stage's {kind: cost} at `rows` rows a micro-batch, split: each stage's blocks, the last one the head's:
@@ -251,18 +253,20 @@ class RowCosts(NamedTuple):
                           "overlapped_backward": cost["backward"] + cost["weight"]})
         return costs
 
-    def latency_at(self, rows):
-        """A message's hand-over at `rows` rows a micro-batch."""
-        return self.latency[0] + self.latency[1] * rows
+    def prices_at(self, rows):
+        """What a run pays beside its computations at `rows` rows a micro-batch (run_step): the traces' prices, a
+        message's hand-over at those rows, a cold forward's more (the fitted forward is a warm one)."""
+        return self.prices._replace(latency=self.latency[0] + self.latency[1] * rows, cold_forward=self.cold_forward,
+                                    cold_share=0.0)
 
 
 def fit_rows(traces):
     """A block's and the head's F, I and W against their rows (RowCosts), by least squares over every measured
     computation of several harness traces (dicts) at different micro-batch sizes: a span lasts its stage's blocks
     times (a + b r) plus, on the last stage, (c + d r), and a cold forward (_finds_weights) a block's cold_forward
-    more. r: the rows of its micro-batch (otherData's rows). A message's hand-over: the line through each trace's
-    (fit) against its mean rows. ValueError, one sentence, where the traces cannot tell a block's parts apart:
-    fewer than two sizes, or no blocks."""
+    more. r: the rows of its micro-batch (otherData's rows). The runtime's prices: each trace's (fit), their means;
+    a message's hand-over, the line through each trace's against its mean rows. ValueError, one sentence, where the
+    traces cannot tell a block's parts apart: fewer than two sizes, or no blocks."""
     samples = {kind: [] for kind in ("forward", "backward", "weight")}  # kind -> [(features, span)]
     for trace in traces:
         other = trace.get("otherData", {})
@@ -298,15 +302,11 @@ def fit_rows(traces):
         block[kind], head[kind] = (solution[0], solution[1]), (solution[2], solution[3])
         if kind == "forward":
             cold_forward = max(0.0, solution[4])
-    latency = _line([(statistics.mean(trace["otherData"]["rows"]), fit(trace).latency) for trace in traces])
-    return RowCosts(block, head, cold_forward, latency)
-
-
-def fit_prices(traces):
-    """One Prices from several traces (fit each): their means, a message's hand-over and the cold forward's more left
-    to RowCosts (against the rows; a fitted forward is a warm one)."""
     each = [fit(trace) for trace in traces]
+    latency = _line([(statistics.mean(trace["otherData"]["rows"]), prices.latency)
+                     for trace, prices in zip(traces, each)])
     mean = lambda values: sum(values) / len(values)  # noqa: E731
     outside = tuple(mean([prices.outside[part] for prices in each]) for part in (0, 1))
-    return Prices(mean([p.latency for p in each]), mean([p.per_computation for p in each]),
-                  mean([p.per_message for p in each]), outside, 0.0, 0.0)
+    prices = Prices(mean([p.latency for p in each]), mean([p.per_computation for p in each]),
+                    mean([p.per_message for p in each]), outside)
+    return RowCosts(block, head, cold_forward, latency, prices)

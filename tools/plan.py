@@ -368,10 +368,10 @@ def main():
     if len(counts) > 1 and len(traces) < 2:
         harness.fail("several --micro-batches need --costs-from two traces or more, of runs at different micro-batch "
                      "counts: a micro-batch's cost against its rows.")
-    fitted = None  # with several traces: each kind's costs against a micro-batch's rows (RowCosts), and the prices
+    fitted = None  # with several traces: each kind's costs and the prices against a micro-batch's rows (RowCosts)
     if len(traces) > 1:
         try:
-            fitted = fit.fit_rows(traces), fit.fit_prices(traces)
+            fitted = fit.fit_rows(traces)
         except ValueError as error:
             harness.fail(f"--costs-from: {error}")
         args.layers = sum(traces[0]["otherData"]["blocks"]) if args.layers is None else args.layers
@@ -404,17 +404,15 @@ def main():
 
 def plan_count(args, count, memory, fitted):
     """The rows at `count` micro-batches: each schedule's and the search's (last), priced where traces give prices
-    (fitted: several traces' RowCosts and Prices); and the mean stage's costs and the message's the search ran at."""
+    (fitted: several traces' RowCosts); and the mean stage's costs and the message's the search ran at."""
     prices = None
     if fitted is not None:  # a micro-batch of B / m rows
-        row_costs, prices = fitted
         rows_a_micro_batch = args.batch_size / count
 
         def costs_of(split):
-            return row_costs.stage_costs(split, rows_a_micro_batch)
+            return fitted.stage_costs(split, rows_a_micro_batch)
 
-        prices = prices._replace(latency=row_costs.latency_at(rows_a_micro_batch),
-                                 cold_forward=row_costs.cold_forward)
+        prices = fitted.prices_at(rows_a_micro_batch)
         cost, message = model_costs(args, costs_of), 0.0
     elif args.costs_from and args.layers is None:
         cost, message = costs.stage_costs(*costs_from_trace(args.costs_from[0])), 0.0
