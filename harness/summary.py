@@ -65,7 +65,8 @@ def report(args, stages, expected_inflight, bubble_theory=None, expected_paramet
         if args.trace:
             other = {"blocks": args.blocks, "measured_steps": measured,
                      "message_latency_ms": summary["message_latency_ms"], "batch_size": args.batch_size,
-                     "micro_batches": args.micro_batches, "rows": _rows(args)}
+                     "micro_batches": args.micro_batches, "rows": _rows(args), "hidden": args.hidden,
+                     "classes": args.classes}
             pictures.write_trace(args.trace, spans, chunks, _stages(ranks), other, stretches)
         if args.svg:
             pictures.write_svg(args.svg, spans, len(stages), summary)

@@ -171,17 +171,21 @@ def test_plan_predicts_schedules_it_did_not_see(runs, tmp_path):
             assert abs(predicted / measured - 1) < abs(free / measured - 1), (name, predicted, free, measured)
 
 
-# A block's F, I and W against its rows, (what it pays whatever its rows, a row's more), the head's, and a cold
-# forward's more a block: what rows_trace makes spans at.
+# A block's F, I and W against its rows, (what it pays whatever its rows, a row's more), the head's (its counted
+# share of a block's, at --hidden 64 and --classes 16), and a cold forward's more a block: what rows_trace makes
+# spans at.
 BLOCK = {"forward": (40.0, 3.0), "backward": (45.0, 3.5), "weight": (30.0, 2.5)}
-HEAD = {"forward": (20.0, 0.5), "backward": (15.0, 0.4), "weight": (10.0, 0.3)}
+MODEL = dict(hidden=64, classes=16)
+SHARE = theory.counted_costs([0], MODEL["hidden"], MODEL["classes"])[0]  # the head's F, I and W, in blocks
+HEAD = {kind: (SHARE[kind] * a, SHARE[kind] * b) for kind, (a, b) in BLOCK.items()}
 COLD = 8.0
 
 
-def rows_trace(name, num_ranks, num_microbatches, blocks, batch_size=64):
+def rows_trace(name, num_ranks, num_microbatches, blocks, batch_size=64, last_rank_more=0.0):
     """made_trace's trace of `name` with each computation's span made by the rows model instead: its stage's blocks
-    times (a + b r) for its micro-batch's r rows, plus the head's on the last stage, a cold forward COLD a block
-    more; otherData says each micro-batch's rows, as a run's trace does."""
+    times (a + b r) for its micro-batch's r rows, plus the head's on the last stage (and last_rank_more, a slower
+    rank's), a cold forward COLD a block more; otherData says each micro-batch's rows and the model, as a run's
+    trace does."""
     trace = made_trace(name, num_ranks, num_microbatches, blocks, PRICES)
     rows = [batch_size // num_microbatches + (i < batch_size % num_microbatches) for i in range(num_microbatches)]
     last = len(blocks) - 1
@@ -193,9 +197,9 @@ def rows_trace(name, num_ranks, num_microbatches, blocks, batch_size=64):
         same_step = previous is not None and (previous["pid"], previous["args"]["step"]) == \
             (event["pid"], event["args"]["step"])
         warm = same_step and finds_weights((previous["cat"], previous["args"]["chunk"]), event["args"]["chunk"])
-        event["dur"] = blocks[stage] * (a + b * size) + (stage == last) * (c + d * size) + \
+        event["dur"] = blocks[stage] * (a + b * size) + (stage == last) * (c + d * size + last_rank_more) + \
             (kind == "forward" and not warm) * COLD * blocks[stage]
-    trace["otherData"].update(rows=rows, batch_size=batch_size, micro_batches=num_microbatches)
+    trace["otherData"].update(rows=rows, batch_size=batch_size, micro_batches=num_microbatches, **MODEL)
     return trace
 
 
@@ -208,9 +212,23 @@ def test_fit_rows_recovers_the_costs_the_traces_were_made_at():
         assert found.block[kind] == pytest.approx(BLOCK[kind], abs=1e-6), kind
         assert found.head[kind] == pytest.approx(HEAD[kind], abs=1e-6), kind
     assert found.cold_forward == pytest.approx(COLD, abs=1e-6)
-    assert found.stage_costs([3, 5], 10)[1]["weight"] == pytest.approx(5 * (30 + 25) + 10 + 3)
+    assert found.stage_costs([3, 5], 10)[1]["weight"] == pytest.approx((5 + SHARE["weight"]) * (30 + 25))
     with pytest.raises(ValueError, match="one micro-batch size"):
         fit.fit_rows([rows_trace("zb-h1", 2, 4, [4, 4])] * 2)
+
+
+def test_the_head_is_priced_as_counted_not_fitted():
+    """On a pipeline's last stage alone, what makes its rank slower than the others (here 100 us a computation) would
+    pass for the head's cost if the head were fitted; it is priced at its counted share of a block, whatever the
+    block's fit comes to, and traces that do not name their model are refused."""
+    traces = [rows_trace("zb-h1", 2, m, [4, 4], last_rank_more=100.0) for m in (1, 4, 16)]
+    found = fit.fit_rows(traces)
+    for kind, (a, b) in found.block.items():
+        assert found.head[kind] == pytest.approx((SHARE[kind] * a, SHARE[kind] * b), abs=1e-9), kind
+    for trace in traces:
+        del trace["otherData"]["classes"]
+    with pytest.raises(ValueError, match="--hidden and --classes"):
+        fit.fit_rows(traces)
 
 
 def test_prices_at_a_micro_batchs_rows(monkeypatch):

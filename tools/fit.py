@@ -232,11 +232,11 @@ def _block_and_head(shares):
 class RowCosts(NamedTuple):
     """F, I and W against a micro-batch's rows, fitted over several traces (fit_rows), in microseconds: each kind's
     (a, b) of a block, a + b r at r rows (a: what a block pays whatever its rows, its weights read again and its
-    calls; b: a row's arithmetic), and the head's (c, d) likewise; a cold forward's more a block (cold_forward);
-    a message's hand-over (a, b) likewise, as its bytes grow with its rows; and the runtime's prices, the traces'
-    means (prices_at gives them at a micro-batch's rows)."""
+    calls; b: a row's arithmetic), and the head's (c, d), its counted share of a block's; a cold forward's more a
+    block (cold_forward); a message's hand-over (a, b) likewise, as its bytes grow with its rows; and the runtime's
+    prices, the traces' means (prices_at gives them at a micro-batch's rows)."""
     block: dict  # kind -> (a, b)
-    head: dict  # kind -> (c, d)
+    head: dict  # kind -> (c, d): the head's share of a block (theory.counted_costs) times (a, b)
     cold_forward: float
     latency: tuple = (0.0, 0.0)  # (a, b)
     prices: Prices = None
@@ -261,13 +261,21 @@ class RowCosts(NamedTuple):
 
 
 def fit_rows(traces):
-    """A block's and the head's F, I and W against their rows (RowCosts), by least squares over every measured
-    computation of several harness traces (dicts) at different micro-batch sizes: a span lasts its stage's blocks
-    times (a + b r) plus, on the last stage, (c + d r), and a cold forward (_finds_weights) a block's cold_forward
-    more. r: the rows of its micro-batch (otherData's rows). The runtime's prices: each trace's (fit), their means;
-    a message's hand-over, the line through each trace's against its mean rows. ValueError, one sentence, where the
-    traces cannot tell a block's parts apart: fewer than two sizes, or no blocks."""
+    """A block's F, I and W against its rows (RowCosts), by least squares over every measured computation of several
+    harness traces (dicts) at different micro-batch sizes: a span lasts its stage's blocks times (a + b r) and a
+    cold forward (_finds_weights) a block's cold_forward more; r: the rows of its micro-batch (otherData's rows). The
+    last stage's head and loss count as their share of a block (theory.counted_costs), not fitted: on a pipeline's
+    last stage alone, a fitted head would take in whatever else makes that rank slower. The runtime's prices: each
+    trace's (fit), their means; a message's hand-over, the line through each trace's against its mean rows.
+    ValueError, one sentence, where the traces cannot tell a block's parts apart: fewer than two sizes, or no
+    blocks."""
     samples = {kind: [] for kind in ("forward", "backward", "weight")}  # kind -> [(features, span)]
+    models = {(trace.get("otherData", {}).get("hidden"), trace.get("otherData", {}).get("classes")) for trace in traces}
+    if len(models) > 1 or None in next(iter(models)):
+        raise ValueError("the traces must give one model's --hidden and --classes: pass traces of this version, "
+                         "of runs of one model.")
+    [(hidden, classes)] = models
+    head = theory.counted_costs([0], hidden, classes)[0]  # the head's F, I and W, in blocks
     for trace in traces:
         other = trace.get("otherData", {})
         blocks, rows, measured = other.get("blocks"), other.get("rows"), set(other.get("measured_steps", []))
@@ -278,18 +286,18 @@ def fit_rows(traces):
                                and event.get("cat") in samples and event["args"]["step"] in measured),
                               key=lambda event: (event["pid"], event["ts"]))
         for previous, event in zip([None, *computations], computations):
-            stage, size = event["args"]["stage"], rows[event["args"]["micro_batch"]]
-            count, head = blocks[stage], float(stage == last)
-            cold = event["cat"] == "forward" and not (
+            kind, stage, size = event["cat"], event["args"]["stage"], rows[event["args"]["micro_batch"]]
+            count = blocks[stage] + (stage == last) * head[kind]  # the head as its share of a block
+            cold = kind == "forward" and not (
                 previous is not None and previous["pid"] == event["pid"]
                 and previous["args"]["step"] == event["args"]["step"]
                 and _finds_weights(previous["cat"], previous["args"]["chunk"], event["args"]["chunk"]))
-            features = [count, count * size, head, head * size] + ([cold * count] if event["cat"] == "forward" else [])
-            samples[event["cat"]].append((features, event["dur"], (id(trace), stage)))
+            features = [count, count * size] + ([cold * blocks[stage]] if kind == "forward" else [])
+            samples[kind].append((features, event["dur"], (id(trace), stage)))
     sizes = {features[1] / features[0] for kind in samples for features, _, _ in samples[kind] if features[0]}
     if len(sizes) < 2:
         raise ValueError("the traces hold one micro-batch size: pass traces of runs at two micro-batch counts or more.")
-    block, head, cold_forward = {}, {}, 0.0
+    block, cold_forward = {}, 0.0
     for kind, rows_of in samples.items():
         if not rows_of:
             raise ValueError(f"the traces have no {kind} spans: pass traces of a script that splits the backward (05).")
@@ -299,9 +307,9 @@ def fit_rows(traces):
         features = weights * torch.tensor([features for features, _, _ in rows_of], dtype=torch.float64)
         spans = weights * torch.tensor([[span] for _, span, _ in rows_of], dtype=torch.float64)
         solution = torch.linalg.lstsq(features, spans, driver="gelsd").solution.flatten().tolist()
-        block[kind], head[kind] = (solution[0], solution[1]), (solution[2], solution[3])
+        block[kind] = solution[0], solution[1]
         if kind == "forward":
-            cold_forward = max(0.0, solution[4])
+            cold_forward = max(0.0, solution[2])
     each = [fit(trace) for trace in traces]
     latency = _line([(statistics.mean(trace["otherData"]["rows"]), prices.latency)
                      for trace, prices in zip(traces, each)])
@@ -309,4 +317,5 @@ def fit_rows(traces):
     outside = tuple(mean([prices.outside[part] for prices in each]) for part in (0, 1))
     prices = Prices(mean([p.latency for p in each]), mean([p.per_computation for p in each]),
                     mean([p.per_message for p in each]), outside)
-    return RowCosts(block, head, cold_forward, latency, prices)
+    head_costs = {kind: (head[kind] * a, head[kind] * b) for kind, (a, b) in block.items()}
+    return RowCosts(block, head_costs, cold_forward, latency, prices)

@@ -22,7 +22,8 @@ With --layers, every stage costs what it holds (theory.counted_costs, in block f
 stage's own measured F, I and W, fitted as a block's and the head's; the search is run at the mean stage's), and
 each row comes twice: at --partition's split (even unless given) and at its balanced split.
 With --costs-from the traces of runs at two micro-batch counts or more (of this version: their spans carry their
-rows), a block's and the head's F, I and W are fitted against a micro-batch's rows (tools/fit.py's fit_rows), and
+rows), a block's F, I and W are fitted against a micro-batch's rows (tools/fit.py's fit_rows; the head at its
+counted share of a block's), and
 --micro-batches may name several counts of one --batch-size: a row for each schedule at each (micro_batches), and
 the best of them, the least run step within --batch-memory (a rank's peak in batches of a stage).
 """
@@ -77,8 +78,9 @@ cost_flags.add_argument("--costs", default="1,1,1", help="a stage's F, I and W t
 cost_flags.add_argument("--costs-from", metavar="TRACE", nargs="+",
                         help="F, I and W from the --trace of a run: each kind's mean span (with --layers, each "
                              "stage's own, fitted as a block's cost and the head's); from the traces of runs at two "
-                             "micro-batch counts or more, a block's and the head's against a micro-batch's rows "
-                             "(tools/fit.py, fit_rows), priced at each --micro-batches' rows of --batch-size")
+                             "micro-batch counts or more, a block's against a micro-batch's rows (tools/fit.py, "
+                             "fit_rows; the head at its share of a block), priced at each --micro-batches' rows of "
+                             "--batch-size")
 parser.add_argument("--batch-size", type=int, help="the batch that --micro-batches split, in samples (default: the "
                     "traces')")
 parser.add_argument("--batch-memory", type=float, metavar="F",
