@@ -2,7 +2,7 @@
 write docs/measured.md, docs/img/*.svg and the tables between markers in the files of MARKED. Run it on an
 otherwise idle machine.
 
-    python tools/measure.py                                # about 14 minutes on 2 cores
+    python tools/measure.py                                # about 45 minutes on 2 cores
     python tools/measure.py --quick --out /tmp/rehearsal   # every run at its smallest, one round: a rehearsal
     python tools/measure.py --recompute-rounds 0           # without --recompute's 8 rounds of step times (2.5 minutes)
 
@@ -505,17 +505,20 @@ of each. Runs: {OVERHEAD_RUNS}.
 # (4c) More micro-batches are not free: 03 and 06 at 2 ranks, the default batch cut into m = 1 to 16 micro-batches.
 SWEEP_MS = (1, 2, 4, 8, 16) if not args.quick else (1, 2, 4)
 SWEEP_RUNS = [("03", "03_1f1b.py"), ("06", "06_zbv.py")]
-# plan.py's prediction: fitted on 05 traced at the sweep's fewest, a middle and its most micro-batches; 05 is
-# traced at every m of the sweep, for a block's time against its rows (the others are the fit's check)
+# plan.py's prediction: fitted on 05 traced in every round, beside the runs it predicts, at the sweep's fewest, a
+# middle and its most micro-batches; 05 is traced at every m, for a block's time against its rows (the other m are
+# the fit's check)
 fitted_ms = (SWEEP_MS[0], SWEEP_MS[len(SWEEP_MS) // 2], SWEEP_MS[-1])
-rows_traces = {m: os.path.join(scratch, f"sweep_05_m{m}.json") for m in SWEEP_MS}
-for m, path in rows_traces.items():
-    run("05_zero_bubble.py", 2, f"{unsplit} {SPEED_STEPS} --micro-batches {m} --trace {path}")
-sweep_traces = [rows_traces[m] for m in fitted_ms]
+rows_traces = {m: [] for m in SWEEP_MS}  # each round's trace of 05 at m
 sweep = []  # each round: {(name, m): summary}
 for round_ in range(SWEEP_ROUNDS):  # which m runs first alternates
-    sweep.append({(name, m): run(script, 2, f"{unsplit} {SPEED_STEPS} --micro-batches {m}")
-                  for m in SWEEP_MS[::1 - 2 * (round_ % 2)] for name, script in SWEEP_RUNS})
+    sweep.append({})
+    for m in SWEEP_MS[::1 - 2 * (round_ % 2)]:
+        rows_traces[m].append(os.path.join(scratch, f"sweep_05_m{m}_r{round_}.json"))
+        run("05_zero_bubble.py", 2, f"{unsplit} {SPEED_STEPS} --micro-batches {m} --trace {rows_traces[m][-1]}")
+        sweep[-1].update({(name, m): run(script, 2, f"{unsplit} {SPEED_STEPS} --micro-batches {m}")
+                          for name, script in SWEEP_RUNS})
+sweep_traces = [path for m in fitted_ms for path in rows_traces[m]]
 speed_flags = dict(zip(SPEED.split()[::2], SPEED.split()[1::2]))  # the default size, flag -> value
 batch = int(speed_flags["--batch-size"])
 planned = [sys.executable, "tools/plan.py", "--stages", "2", "--layers", speed_flags["--layers"], "--hidden",
@@ -577,26 +580,36 @@ def sweep_picture(path, rows):
 
 sweep_picture(os.path.join(args.out, "docs", "img", "micro_batches.svg"), sweep_rows)
 
-# A block's time a row against its rows: 05's trace at each m of the sweep, stage 0 (blocks, no head), each kind's
-# mean span over its blocks and rows, beside what the fit on the three traces above prices it at (the fit's forward
-# at that run's share of cold forwards); the other m are not in the fit
+# A block's time a row against its rows: 05's traces at each m of the sweep, stage 0 (blocks, no head), each kind's
+# mean span over its blocks and rows, beside what the fit on the traces above prices it at (the fit's forward at
+# the runs' share of cold forwards), each the mean of the rounds'; the other m are not in the fit
 with_rows = {}
-for m, path in rows_traces.items():
-    with open(path) as file:
-        with_rows[m] = json.load(file)
-row_costs = fit.fit_rows([with_rows[m] for m in fitted_ms])
+for m, paths in rows_traces.items():
+    with_rows[m] = []
+    for path in paths:
+        with open(path) as file:
+            with_rows[m].append(json.load(file))
+row_costs = fit.fit_rows([trace for m in fitted_ms for trace in with_rows[m]])
 ROW_KINDS = {"forward": "F", "backward": "I", "weight": "W"}
-per_row = []  # m, rows, fitted on, then each kind's measured and fitted microseconds a block a row
-for m, trace in with_rows.items():
+
+
+def block_row(trace, kind):
+    """A kind's mean span a block a row on stage 0 of one trace of 05, measured and as fitted (row_costs)."""
     blocks, size = trace["otherData"]["blocks"], statistics.mean(trace["otherData"]["rows"])
     measured_steps = set(trace["otherData"]["measured_steps"])
-    priced_at = row_costs.stage_costs(blocks, size)[0]
-    cells = [m, f"{size:g}", "yes" if m in fitted_ms else "no"]
+    spans = [event["dur"] for event in trace["traceEvents"] if event.get("ph") == "X" and event.get("cat") == kind
+             and event["args"]["stage"] == 0 and event["args"]["step"] in measured_steps]
+    fitted = row_costs.stage_costs(blocks, size)[0][kind] + \
+        (kind == "forward") * row_costs.cold_forward * blocks[0] * fit.fit(trace).cold_share
+    return statistics.mean(spans) / blocks[0] / size, fitted / blocks[0] / size
+
+
+per_row = []  # m, rows, fitted on, then each kind's measured and fitted microseconds a block a row
+for m, traces in with_rows.items():
+    cells = [m, f"{statistics.mean(traces[0]['otherData']['rows']):g}", "yes" if m in fitted_ms else "no"]
     for kind in ROW_KINDS:
-        spans = [event["dur"] for event in trace["traceEvents"] if event.get("ph") == "X" and event.get("cat") == kind
-                 and event["args"]["stage"] == 0 and event["args"]["step"] in measured_steps]
-        fitted = priced_at[kind] + (kind == "forward") * row_costs.cold_forward * blocks[0] * fit.fit(trace).cold_share
-        cells += [f"{statistics.mean(spans) / blocks[0] / size:.2f}", f"{fitted / blocks[0] / size:.2f}"]
+        measured, fitted = zip(*(block_row(trace, kind) for trace in traces))
+        cells += [f"{statistics.mean(measured):.2f}", f"{statistics.mean(fitted):.2f}"]
     per_row.append(cells)
 per_row_header = ["m", "rows", "in the fit", *(f"{name} {column}" for name in ROW_KINDS.values()
                                                 for column in ("measured (µs)", "fitted (µs)"))]
@@ -638,7 +651,7 @@ out.append(f"""## More micro-batches: the step against m
 
 03 and 06 at 2 ranks, the default model and batch cut into m micro-batches, in {SWEEP_ROUNDS} rounds (the order of m
 alternating), medians over the rounds: the step (`step_ms_mean`, the run's period: a step's share of the run's time,
-as plan.py's `run_step` prices it), plan.py's prediction (`run_step`, fitted on 05 traced once at
+as plan.py's `run_step` prices it), plan.py's prediction (`run_step`, fitted on 05 traced in each round at
 m = {", ".join(map(str, fitted_ms))}: a block's F, I and W against its rows), the busiest rank's
 compute a step (`compute_ms`), its bubble (`bubble_busiest`) and the theory's. `docs/img/micro_batches.svg` draws it.
 
@@ -646,8 +659,9 @@ compute a step (`compute_ms`), its bubble (`bubble_busiest`) and the theory's. `
 
 {table(sweep_header, sweep_rows)}
 
-A block's time a row against a micro-batch's rows, from 05's trace at each m (stage 0: blocks, no head), each
-kind's mean span over its blocks and rows, beside the fit on the runs at m = {", ".join(map(str, fitted_ms))}
+A block's time a row against a micro-batch's rows, from 05's traces at each m (stage 0: blocks, no head), each
+kind's mean span over its blocks and rows (the mean of the rounds'), beside the fit on the runs at
+m = {", ".join(map(str, fitted_ms))}
 (`tools/fit.py`'s `fit_rows`, its forward at that run's share of cold forwards). `docs/img/rows.svg` draws it.
 
 {table(per_row_header, per_row)}""")
