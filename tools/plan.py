@@ -23,9 +23,9 @@ stage's own measured F, I and W, fitted as a block's and the head's; the search 
 each row comes twice: at --partition's split (even unless given) and at its balanced split.
 With --costs-from the traces of runs at two micro-batch counts or more (of this version: their spans carry their
 rows), a block's F, I and W are fitted against a micro-batch's rows (tools/fit.py's fit_rows; the head at its
-counted share of a block's), and
---micro-batches may name several counts of one --batch-size: a row for each schedule at each (micro_batches), and
-the best of them, the least run step within --batch-memory (a rank's peak in batches of a stage).
+counted share of a block's), and --micro-batches may name several counts of one --batch-size: a row for each
+schedule at each (micro_batches), and the best of them, the least run step within --batch-memory (a rank's peak in
+batches of a stage).
 """
 
 import argparse
