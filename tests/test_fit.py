@@ -181,18 +181,18 @@ HEAD = {kind: (SHARE[kind] * a, SHARE[kind] * b) for kind, (a, b) in BLOCK.items
 COLD = 8.0
 
 
-def rows_trace(name, num_ranks, num_microbatches, blocks, batch_size=64, last_rank_more=0.0):
+def rows_trace(name, num_ranks, num_microbatches, blocks, batch_size=64, last_rank_more=0.0, knee=0.0):
     """made_trace's trace of `name` with each computation's span made by the rows model instead: its stage's blocks
-    times (a + b r) for its micro-batch's r rows, plus the head's on the last stage (and last_rank_more, a slower
-    rank's), a cold forward COLD a block more; otherData says each micro-batch's rows and the model, as a run's
-    trace does."""
+    times (a + b r) for its micro-batch's r rows (r at least `knee`: below it a pass costs what it does at the knee),
+    plus the head's on the last stage (and last_rank_more, a slower rank's), a cold forward COLD a block more;
+    otherData says each micro-batch's rows and the model, as a run's trace does."""
     trace = made_trace(name, num_ranks, num_microbatches, blocks, PRICES)
     rows = [batch_size // num_microbatches + (i < batch_size % num_microbatches) for i in range(num_microbatches)]
     last = len(blocks) - 1
     computations = sorted((event for event in trace["traceEvents"] if event["ph"] == "X"),
                           key=lambda event: (event["pid"], event["ts"]))
     for previous, event in zip([None, *computations], computations):
-        kind, stage, size = event["cat"], event["args"]["stage"], rows[event["args"]["micro_batch"]]
+        kind, stage, size = event["cat"], event["args"]["stage"], max(rows[event["args"]["micro_batch"]], knee)
         (a, b), (c, d) = BLOCK[kind], HEAD[kind]
         same_step = previous is not None and (previous["pid"], previous["args"]["step"]) == \
             (event["pid"], event["args"]["step"])
@@ -211,10 +211,37 @@ def test_fit_rows_recovers_the_costs_the_traces_were_made_at():
     for kind in BLOCK:
         assert found.block[kind] == pytest.approx(BLOCK[kind], abs=1e-6), kind
         assert found.head[kind] == pytest.approx(HEAD[kind], abs=1e-6), kind
+        assert found.knee[kind] == 4, kind  # the smallest size: a line
     assert found.cold_forward == pytest.approx(COLD, abs=1e-6)
     assert found.stage_costs([3, 5], 10)[1]["weight"] == pytest.approx((5 + SHARE["weight"]) * (30 + 25))
     with pytest.raises(ValueError, match="one micro-batch size"):
         fit.fit_rows([rows_trace("zb-h1", 2, 4, [4, 4])] * 2)
+
+
+def test_fit_rows_finds_where_a_pass_stops_getting_cheaper():
+    """Below 8 rows a pass costs what it does at 8 (reading its weights again bounds it, not its arithmetic): traced
+    at 64, 16 and 4 rows, fit_rows finds each kind's knee and prices every size from 4 to 64 as made, where the line
+    through the three sizes is more than 10% off at one of them."""
+    traces = [rows_trace("zb-h1", 2, m, [4, 4], knee=8.0) for m in (1, 4, 16)]
+    found = fit.fit_rows(traces)
+    line = found._replace(knee={})._replace(block=_line_fit(traces))
+    for kind, (a, b) in BLOCK.items():
+        assert found.knee[kind] == pytest.approx(8.0, rel=0.05), kind
+        for rows in (4, 6, 8, 16, 32, 64):
+            made = 4 * (a + b * max(rows, 8.0))
+            assert found.stage_costs([4, 4], rows)[0][kind] == pytest.approx(made, rel=0.01), (kind, rows)
+        assert any(abs(line.stage_costs([4, 4], rows)[0][kind] / (4 * (a + b * max(rows, 8.0))) - 1) > 0.1
+                   for rows in (4, 6, 8, 16, 32, 64)), kind
+
+
+def _line_fit(traces):
+    """Each kind's (a, b) of a block by fit_rows with one knee tried: the smallest size's, the line a + b r."""
+    knees = fit.KNEES
+    try:
+        fit.KNEES = 1
+        return fit.fit_rows(traces).block
+    finally:
+        fit.KNEES = knees
 
 
 def test_the_head_is_priced_as_counted_not_fitted():

@@ -231,15 +231,17 @@ def _block_and_head(shares):
 
 class RowCosts(NamedTuple):
     """F, I and W against a micro-batch's rows, fitted over several traces (fit_rows), in microseconds: each kind's
-    (a, b) of a block, a + b r at r rows (a: what a block pays whatever its rows, its weights read again and its
-    calls; b: a row's arithmetic), and the head's (c, d), its counted share of a block's; a cold forward's more a
-    block (cold_forward); a message's hand-over (a, b) likewise, as its bytes grow with its rows; and the runtime's
+    (a, b) of a block and its knee k, a + b max(r, k) at r rows (a: what a block pays whatever its rows, its calls;
+    b: a row's arithmetic; below k rows the pass takes as long as at k: reading its weights again, b k, bounds it,
+    not its arithmetic), and the head's (c, d), its counted share of a block's; a cold forward's more a block
+    (cold_forward); a message's hand-over (a, b), a line, as its bytes grow with its rows; and the runtime's
     prices, the traces' means (prices_at gives them at a micro-batch's rows)."""
     block: dict  # kind -> (a, b)
     head: dict  # kind -> (c, d): the head's share of a block (theory.counted_costs) times (a, b)
     cold_forward: float
     latency: tuple = (0.0, 0.0)  # (a, b)
     prices: Prices = None
+    knee: dict = {}  # kind -> k rows (none: the line a + b r)
 
     def stage_costs(self, split, rows):
         """Each stage's {kind: cost} at `rows` rows a micro-batch, split: each stage's blocks, the last one the head's:
@@ -247,8 +249,10 @@ class RowCosts(NamedTuple):
         costs = []
         for stage, count in enumerate(split):
             has_head = stage == len(split) - 1
-            cost = {kind: count * (a + b * rows) + has_head * (self.head[kind][0] + self.head[kind][1] * rows)
-                    for kind, (a, b) in self.block.items()}
+            cost = {}
+            for kind, (a, b) in self.block.items():
+                at = max(rows, self.knee.get(kind, 0.0))  # below its knee, a pass costs what it does at the knee
+                cost[kind] = count * (a + b * at) + has_head * (self.head[kind][0] + self.head[kind][1] * at)
             costs.append({**cost, "full_backward": cost["backward"] + cost["weight"],
                           "overlapped_backward": cost["backward"] + cost["weight"]})
         return costs
@@ -262,8 +266,9 @@ class RowCosts(NamedTuple):
 
 def fit_rows(traces):
     """A block's F, I and W against its rows (RowCosts), by least squares over every measured computation of several
-    harness traces (dicts) at different micro-batch sizes: a span lasts its stage's blocks times (a + b r) and a
-    cold forward (_finds_weights) a block's cold_forward more; r: the rows of its micro-batch (otherData's rows). The
+    harness traces (dicts) at different micro-batch sizes: a span lasts its stage's blocks times (a + b max(r, k))
+    and a cold forward (_finds_weights) a block's cold_forward more; r: the rows of its micro-batch (otherData's
+    rows); k: each kind's knee, of KNEES tried from the smallest size to the largest, the one that fits best. The
     last stage's head and loss count as their share of a block (theory.counted_costs), not fitted: on a pipeline's
     last stage alone, a fitted head would take in whatever else makes that rank slower. The runtime's prices: each
     trace's (fit), their means; a message's hand-over, the line through each trace's against its mean rows.
@@ -292,21 +297,16 @@ def fit_rows(traces):
                 previous is not None and previous["pid"] == event["pid"]
                 and previous["args"]["step"] == event["args"]["step"]
                 and _finds_weights(previous["cat"], previous["args"]["chunk"], event["args"]["chunk"]))
-            features = [count, count * size] + ([cold * blocks[stage]] if kind == "forward" else [])
+            features = [count, size] + ([cold * blocks[stage]] if kind == "forward" else [])
             samples[kind].append((features, event["dur"], (id(trace), stage)))
-    sizes = {features[1] / features[0] for kind in samples for features, _, _ in samples[kind] if features[0]}
+    sizes = {features[1] for kind in samples for features, _, _ in samples[kind] if features[0]}
     if len(sizes) < 2:
         raise ValueError("the traces hold one micro-batch size: pass traces of runs at two micro-batch counts or more.")
-    block, cold_forward = {}, 0.0
+    block, knee, cold_forward = {}, {}, 0.0
     for kind, rows_of in samples.items():
         if not rows_of:
             raise ValueError(f"the traces have no {kind} spans: pass traces of a script that splits the backward (05).")
-        # each trace's stage counts alike, however many micro-batches it ran: the fit is of the sizes, not the events
-        group = collections.Counter(where for _, _, where in rows_of)
-        weights = torch.tensor([[group[where] ** -0.5] for _, _, where in rows_of], dtype=torch.float64)
-        features = weights * torch.tensor([features for features, _, _ in rows_of], dtype=torch.float64)
-        spans = weights * torch.tensor([[span] for _, span, _ in rows_of], dtype=torch.float64)
-        solution = torch.linalg.lstsq(features, spans, driver="gelsd").solution.flatten().tolist()
+        knee[kind], solution = _knee_fit(rows_of, min(sizes), max(sizes))
         block[kind] = solution[0], solution[1]
         if kind == "forward":
             cold_forward = max(0.0, solution[2])
@@ -318,4 +318,28 @@ def fit_rows(traces):
     prices = Prices(mean([p.latency for p in each]), mean([p.per_computation for p in each]),
                     mean([p.per_message for p in each]), outside)
     head_costs = {kind: (head[kind] * a, head[kind] * b) for kind, (a, b) in block.items()}
-    return RowCosts(block, head_costs, cold_forward, latency, prices)
+    return RowCosts(block, head_costs, cold_forward, latency, prices, knee)
+
+
+KNEES = 64  # the knees fit_rows tries, spaced evenly in log(rows) from the smallest size to the largest
+
+
+def _knee_fit(rows_of, smallest, largest):
+    """One kind's knee k and its least squares [a, b] (and a forward's cold_forward) over rows_of's ((count, rows,
+    and a forward's cold blocks), span, where): a span lasts count (a + b max(rows, k)) (plus cold blocks times
+    cold_forward), at the k of KNEES that fits best. The first k is the smallest size, where the fit is the line
+    a + b r; another replaces it only where it fits better. Each trace's stage (where) counts alike, however many
+    micro-batches it ran: the fit is of the sizes, not of the events."""
+    group = collections.Counter(where for _, _, where in rows_of)
+    weights = torch.tensor([[group[where] ** -0.5] for _, _, where in rows_of], dtype=torch.float64)
+    spans = weights * torch.tensor([[span] for _, span, _ in rows_of], dtype=torch.float64)
+    best = None  # (residual, knee, solution)
+    for step in range(KNEES):
+        knee = smallest * (largest / smallest) ** (step / KNEES)
+        table = [[count, count * max(rows, knee), *more] for (count, rows, *more), _, _ in rows_of]
+        features = weights * torch.tensor(table, dtype=torch.float64)
+        solution = torch.linalg.lstsq(features, spans, driver="gelsd").solution
+        residual = float(((features @ solution - spans) ** 2).sum())
+        if best is None or residual < best[0]:
+            best = residual, knee, solution.flatten().tolist()
+    return best[1], best[2]

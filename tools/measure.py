@@ -663,6 +663,8 @@ A block's time a row against a micro-batch's rows, from 05's traces at each m (s
 kind's mean span over its blocks and rows (the mean of the rounds'), beside the fit on the runs at
 m = {", ".join(map(str, fitted_ms))}
 (`tools/fit.py`'s `fit_rows`, its forward at that run's share of cold forwards). `docs/img/rows.svg` draws it.
+The fit's knees, below which a pass costs what it does at the knee: {", ".join(
+    f"{name} {row_costs.knee[kind]:.3g} rows" for kind, name in ROW_KINDS.items())}.
 
 {table(per_row_header, per_row)}""")
 
