@@ -218,13 +218,15 @@ def test_fit_rows_recovers_the_costs_the_traces_were_made_at():
         fit.fit_rows([rows_trace("zb-h1", 2, 4, [4, 4])] * 2)
 
 
-def test_fit_rows_finds_where_a_pass_stops_getting_cheaper():
+def test_fit_rows_finds_where_a_pass_stops_getting_cheaper(monkeypatch):
     """Below 8 rows a pass costs what it does at 8 (reading its weights again bounds it, not its arithmetic): traced
     at 64, 16 and 4 rows, fit_rows finds each kind's knee and prices every size from 4 to 64 as made, where the line
     through the three sizes is more than 10% off at one of them."""
     traces = [rows_trace("zb-h1", 2, m, [4, 4], knee=8.0) for m in (1, 4, 16)]
     found = fit.fit_rows(traces)
-    line = found._replace(knee={})._replace(block=_line_fit(traces))
+    with monkeypatch.context() as patched:
+        patched.setattr(fit, "KNEES", 1)  # one knee tried, the smallest size's: the line a + b r
+        line = fit.fit_rows(traces)
     for kind, (a, b) in BLOCK.items():
         assert found.knee[kind] == pytest.approx(8.0, rel=0.05), kind
         for rows in (4, 6, 8, 16, 32, 64):
@@ -232,16 +234,6 @@ def test_fit_rows_finds_where_a_pass_stops_getting_cheaper():
             assert found.stage_costs([4, 4], rows)[0][kind] == pytest.approx(made, rel=0.01), (kind, rows)
         assert any(abs(line.stage_costs([4, 4], rows)[0][kind] / (4 * (a + b * max(rows, 8.0))) - 1) > 0.1
                    for rows in (4, 6, 8, 16, 32, 64)), kind
-
-
-def _line_fit(traces):
-    """Each kind's (a, b) of a block by fit_rows with one knee tried: the smallest size's, the line a + b r."""
-    knees = fit.KNEES
-    try:
-        fit.KNEES = 1
-        return fit.fit_rows(traces).block
-    finally:
-        fit.KNEES = knees
 
 
 def test_the_head_is_priced_as_counted_not_fitted():
